@@ -1,0 +1,3 @@
+from fasttrain.cli import main
+
+main()

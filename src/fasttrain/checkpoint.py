@@ -1,0 +1,37 @@
+"""Checkpoints: written atomically, loaded with weights_only=True so a file can hold data, never code."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from fasttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401 (re-exported)
+from fasttrain.errors import FasttrainError
+
+
+def save(obj, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load(path: Path, map_location="cpu") -> dict:
+    """torch.load with weights_only=True: a checkpoint can hold tensors and plain data, never code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FasttrainError(f"checkpoint not found: {path}")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FasttrainError(f"{path} is refused by torch.load(weights_only=True), not a fasttrain checkpoint: {first}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FasttrainError(f"{path} is not a readable checkpoint (truncated or corrupt?): {first}") from None
+    if not isinstance(obj, dict) or "model" not in obj:
+        raise FasttrainError(f"{path} is not a fasttrain checkpoint: no 'model' state_dict in it")
+    return obj

@@ -1,0 +1,64 @@
+"""The `fasttrain` command: one subcommand per pipeline stage, each imported only when it runs
+(`compare` and `--help` need no torch)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from fasttrain import __version__
+from fasttrain.errors import FasttrainError
+
+COMMANDS = {  # name -> module whose `main` is the click command
+    "download": "fasttrain.download",
+    "train": "fasttrain.train",
+    "evaluate": "fasttrain.evaluate",
+    "compare": "fasttrain.compare",
+}
+SUMMARIES = {
+    "download": "Fetch or read CIFAR-10 (or make the synthetic set) into data/dataset.pt.",
+    "train": "Train one precision x parallel variant.",
+    "evaluate": "Evaluate one variant's final model on the test set.",
+    "compare": "Compare every variant against single-fp32.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        return importlib.import_module(COMMANDS[name]).main
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl(list(SUMMARIES.items()))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fasttrain")
+def cli() -> None:
+    """Which training speed-up is worth it on your GPU? Train, evaluate and compare every
+    precision x parallel variant of one recipe. Stages read params.yaml; `dvc repro` runs them all."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Every user error ends as one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        cli.main(args=argv, prog_name="fasttrain", standalone_mode=False)
+    except FasttrainError as e:
+        click.echo(f"fasttrain: error: {e}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("fasttrain: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        click.echo(f"fasttrain: error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("fasttrain: interrupted", err=True)
+        sys.exit(130)

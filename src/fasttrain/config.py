@@ -1,0 +1,181 @@
+"""params.yaml: the single home of hyper-parameters, one section per stage, validated up front.
+
+Every key has a type and a range; an unknown key, a wrong type or a value out of range is a
+one-line FasttrainError before any output is touched, so a typo never trains the wrong thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fasttrain.errors import FasttrainError
+
+LOADERS = ("gpu", "torchvision")
+SCHEDULERS = ("plateau", "onecycle", "none")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "cifar10"  # cifar10 | synthetic | URL or path of cifar-10-python.tar.gz | image-folder archive or folder
+    md5: str | None = None  # expected md5 of a cifar-10-python.tar.gz given by URL or path; null = the official one
+    synthetic_train_size: int = 5000  # images, source: synthetic only
+    synthetic_test_size: int = 1000
+    synthetic_image_size: int = 32  # pixels per side
+    synthetic_seed: int = 0
+    loader: str = "gpu"  # gpu: uint8 set on the device, batched by index; torchvision: per-image PIL path
+    augment: bool = False  # random crop (4 px padding) + horizontal flip
+    workers: int = 4  # DataLoader worker processes (torchvision loader only)
+    pin_memory: bool = True  # torchvision loader only
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "alexnet"  # any torchvision classification model, built with num_classes = the data set's
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 64  # global: images per optimizer step, summed over all processes/GPUs
+    lr: float = 1.0e-4  # AdamW learning rate (peak lr under onecycle)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    seed: int = 0
+    img_size: int = 227  # pixels per side the 32x32 images are resized to
+    scheduler: str = "plateau"  # plateau: ReduceLROnPlateau on the epoch's train loss; onecycle; none
+    plateau_factor: float = 0.1
+    plateau_patience: int = 2  # epochs without improvement before the lr is cut
+    nproc: int | None = None  # ddp processes; null = one per visible GPU, 2 on a machine without one
+    sync_bn: bool = False  # ddp only: BatchNorm -> SyncBatchNorm (GPUs only)
+    device: str = "auto"  # auto: first GPU if any, else CPU
+    channels_last: bool = False
+    compile: bool = False  # torch.compile; its time is reported apart
+    fused_adamw: bool = False  # fused AdamW kernel (CUDA only)
+    cudnn_benchmark: bool = True
+    log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
+    max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    batch_size: int = 500  # global, images per forward pass
+
+
+@dataclass(frozen=True)
+class Params:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+
+# (section, key) -> (predicate, what the valid values are)
+_RANGES = {
+    ("data", "synthetic_train_size"): (lambda v: v >= 10, "an integer >= 10"),
+    ("data", "synthetic_test_size"): (lambda v: v >= 10, "an integer >= 10"),
+    ("data", "synthetic_image_size"): (lambda v: v >= 8, "an integer >= 8"),
+    ("data", "loader"): (lambda v: v in LOADERS, "one of " + ", ".join(LOADERS)),
+    ("data", "workers"): (lambda v: v >= 0, "an integer >= 0"),
+    ("data", "md5"): (lambda v: v is None or (len(v) == 32 and all(c in "0123456789abcdef" for c in v.lower())),
+                      "null or 32 hex digits"),
+    ("data", "source"): (lambda v: v.strip() != "", "cifar10, synthetic, a URL or a local path"),
+    ("model", "name"): (lambda v: v.strip() != "", "a torchvision classification model name"),
+    ("train", "epochs"): (lambda v: v >= 1, "an integer >= 1"),
+    ("train", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),
+    ("train", "lr"): (lambda v: v > 0, "a number > 0"),
+    ("train", "weight_decay"): (lambda v: v >= 0, "a number >= 0"),
+    ("train", "img_size"): (lambda v: v >= 8, "an integer >= 8"),
+    ("train", "scheduler"): (lambda v: v in SCHEDULERS, "one of " + ", ".join(SCHEDULERS)),
+    ("train", "plateau_factor"): (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train", "plateau_patience"): (lambda v: v >= 0, "an integer >= 0"),
+    ("train", "nproc"): (lambda v: v is None or v >= 1, "null or an integer >= 1"),
+    ("train", "device"): (lambda v: v in DEVICES, "one of " + ", ".join(DEVICES)),
+    ("train", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
+    ("train", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
+    ("evaluate", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),
+}
+
+
+def _type_ok(value, annotation) -> bool:
+    hint = eval(annotation, vars(typing), {}) if isinstance(annotation, str) else annotation  # noqa: S307 (our own annotations)
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return True
+        if option is bool and isinstance(value, bool):
+            return True
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if option is str and isinstance(value, str):
+            return True
+    return False
+
+
+def _type_name(annotation) -> str:
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "str | None": "a string or null", "int | None": "an integer or null"}.get(annotation, annotation)
+
+
+def _section(cls, section: str, raw) -> object:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise FasttrainError(f"params section '{section}' must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise FasttrainError(f"unknown key '{section}.{unknown[0]}' in params; valid keys: {', '.join(fields)}")
+    values = {}
+    for name, value in raw.items():
+        annotation = fields[name].type
+        if not _type_ok(value, annotation):
+            raise FasttrainError(f"params {section}.{name} must be {_type_name(annotation)}, got {value!r}")
+        if annotation == "float" and value is not None:
+            value = float(value)
+        check = _RANGES.get((section, name))
+        if check and not check[0](value):
+            raise FasttrainError(f"params {section}.{name} = {value!r} is out of range: must be {check[1]}")
+        values[name] = value
+    return cls(**values)
+
+
+def from_dict(raw) -> Params:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise FasttrainError("params file must be a mapping of sections: data, model, train, evaluate")
+    sections = {f.name: f for f in dataclasses.fields(Params)}
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise FasttrainError(f"unknown params section '{unknown[0]}'; valid sections: {', '.join(sections)}")
+    return Params(**{name: _section(f.default_factory, name, raw.get(name)) for name, f in sections.items()})
+
+
+def load(path: Path | str = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.is_file():
+        raise FasttrainError(f"params file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise FasttrainError(f"params file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    return from_dict(raw)
+
+
+def to_dict(params) -> dict:
+    return dataclasses.asdict(params)
+
+
+def config_hash(resolved: dict) -> str:
+    """A stable digest of a resolved config, so a checkpoint from another config is never resumed."""
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,115 @@
+"""Evaluate one variant's final model on the whole test set, in the variant's precision."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import click
+import torch
+import torch.nn.functional as F
+
+from fasttrain import checkpoint, config, parallel
+from fasttrain.data import load_dataset
+from fasttrain.errors import FasttrainError
+from fasttrain.layout import Layout
+from fasttrain.loaders import make_eval_loader
+from fasttrain.models import build_model
+from fasttrain.precision import AutocastForward, Precision
+from fasttrain.variant import run_variant, variant_options
+
+
+@dataclass
+class EvalResult:
+    loss_sum: float
+    confusion: torch.Tensor  # [classes, classes] counts, rows = true label, columns = prediction
+
+    @property
+    def images(self) -> int:
+        return int(self.confusion.sum())
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.confusion.diag().sum()) / max(1, self.images)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.images)
+
+    def per_class_accuracy(self) -> list[float]:
+        rows = self.confusion.sum(dim=1).clamp(min=1)
+        return (self.confusion.diag().double() / rows).tolist()
+
+
+@torch.no_grad()
+def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: parallel.Runtime,
+                   num_classes: int) -> EvalResult:
+    """Counts summed over ranks; the eval loader gives each image to exactly one rank, unpadded,
+    so the totals cover every test image exactly once at any world size."""
+    was_training = net.training
+    net.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=rt.device)
+    for x, y in loader:
+        with precision.autocast(rt.device.type):
+            logits = net(x)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        confusion += torch.bincount(y * num_classes + logits.argmax(dim=1), minlength=num_classes**2)
+    parallel.all_reduce(loss_sum, rt)
+    parallel.all_reduce(confusion, rt)
+    net.train(was_training)
+    return EvalResult(float(loss_sum), confusion.view(num_classes, num_classes).cpu())
+
+
+def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout) -> dict:
+    variant = f"{rt.parallel}-{precision.name}"
+    dataset = load_dataset(layout.dataset)
+    saved = checkpoint.load(layout.model(variant), map_location=rt.device)
+    model = build_model(params.model.name, len(dataset.classes)).to(rt.device)
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise FasttrainError(f"{layout.model(variant)} does not fit model.name = {params.model.name}: "
+                             f"{str(e).splitlines()[0]}") from None
+    img_size = saved["config"]["train"]["img_size"]
+    channels_last = saved["config"]["train"]["channels_last"]
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    net = parallel.wrap_for_inference(AutocastForward(model, precision), rt)
+    loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
+                              batch_size=max(1, params.evaluate.batch_size // rt.world_size), img_size=img_size,
+                              device=rt.device, rank=rt.rank, world_size=rt.world_size,
+                              workers=params.data.workers, pin_memory=params.data.pin_memory,
+                              channels_last=channels_last)
+    result = evaluate_model(net, loader, precision, rt, len(dataset.classes))
+    if result.images != len(dataset.test_labels):
+        raise FasttrainError(f"evaluated {result.images} images, expected {len(dataset.test_labels)}")
+    metrics = {
+        "variant": variant, "test_accuracy": round(result.accuracy, 6), "test_loss": round(result.loss, 6),
+        "test_images": result.images,
+        "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy())},
+        "confusion_matrix": result.confusion.tolist(), "classes": dataset.classes,
+        "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,
+    }
+    if rt.is_main:
+        checkpoint.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes))
+        checkpoint.atomic_write_json(layout.eval_metrics(variant), metrics)
+    parallel.barrier(rt)
+    return metrics
+
+
+def _confusion_csv(confusion: torch.Tensor, classes: list[str]) -> str:
+    """One row per test image, the form DVC's confusion template counts."""
+    out = io.StringIO()
+    out.write("actual,predicted\n")
+    for i, row in enumerate(confusion.tolist()):
+        for j, count in enumerate(row):
+            out.write(f"{classes[i]},{classes[j]}\n" * count)
+    return out.getvalue()
+
+
+@click.command("evaluate")
+@variant_options
+def main(parallel_name: str, precision_name: str, params_path: str) -> None:
+    """Test accuracy, loss, per-class accuracy and the confusion matrix of one variant's final model."""
+    run_variant("evaluate", evaluate, parallel_name, precision_name, params_path)

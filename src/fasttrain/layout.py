@@ -1,0 +1,55 @@
+"""Where every stage reads and writes, by variant. dvc.yaml names the same paths."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+# The variant matrix (dvc.yaml's too); parallel.py and precision.py give each name its meaning.
+PARALLELS = ("single", "dp", "ddp")
+PRECISION_NAMES = ("fp32", "autocast", "amp", "bf16")
+VARIANTS = tuple(f"{p}-{q}" for p, q in itertools.product(PARALLELS, PRECISION_NAMES))
+BASELINE = "single-fp32"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path = Path(".")
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "data" / "dataset.pt"
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.root / "data" / "raw"
+
+    def model(self, variant: str) -> Path:
+        return self.root / "models" / f"{variant}.pt"
+
+    def checkpoint_dir(self, variant: str) -> Path:
+        return self.root / "checkpoints" / variant
+
+    def tensorboard(self, variant: str) -> Path:
+        return self.root / "tensorboard" / variant
+
+    def train_metrics(self, variant: str) -> Path:
+        return self.root / "metrics" / "train" / f"{variant}.json"
+
+    def train_plot(self, variant: str) -> Path:
+        return self.root / "plots" / "train" / f"{variant}.csv"
+
+    def eval_metrics(self, variant: str) -> Path:
+        return self.root / "metrics" / "eval" / f"{variant}.json"
+
+    def confusion_plot(self, variant: str) -> Path:
+        return self.root / "plots" / "confusion" / f"{variant}.csv"
+
+    @property
+    def compare_md(self) -> Path:
+        return self.root / "metrics" / "compare.md"
+
+    @property
+    def compare_json(self) -> Path:
+        return self.root / "metrics" / "compare.json"

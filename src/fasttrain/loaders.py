@@ -1,0 +1,251 @@
+"""Batches of CIFAR-style uint8 images for training and evaluation, two ways.
+
+``gpu``: the whole uint8 set is moved to the device once; a batch is an index slice, and
+conversion, resize and augmentation are batched tensor ops on the device (airbench style).
+``torchvision``: the classic per-image PIL path (Dataset -> transforms -> DataLoader ->
+DistributedSampler), kept as the reference the fast path is measured against.
+
+Both loaders agree on what a rank sees, so every precision/parallel variant trains on the same
+data:
+
+* Training order is DistributedSampler's, reproduced exactly by the gpu loader: a permutation
+  from ``torch.Generator().manual_seed(seed + epoch)`` (identical on every rank), padded by
+  repeating its head up to ``ceil(N / world_size) * world_size`` positions, rank r taking
+  ``perm[r::world_size]``. Every rank therefore has the same number of samples and steps (DDP
+  would deadlock otherwise); at most ``world_size - 1`` images are seen twice per epoch. No
+  batch is dropped: the last one may be short, as with DataLoader's ``drop_last=False``.
+* Evaluation: rank r gets ``range(r, N, world_size)`` in order, no padding, so counts summed
+  across ranks cover every image exactly once; batch counts may differ across ranks.
+* Augmentation is the standard CIFAR one, done at the SOURCE resolution before the resize:
+  zero-pad by ``CROP_PADDING_PX`` (4 px), random crop back to the source size, random horizontal
+  flip (torchvision: ``RandomCrop(size, padding=4)`` with its default zero fill, then
+  ``RandomHorizontalFlip``). Cropping 32 px images is cheaper than cropping 227 px ones and
+  keeps the crop at the scale the recipe was tuned for.
+* Output: float32 [B, 3, img_size, img_size] in [0, 1] (ToTensor scaling, no normalisation),
+  int64 labels, both on ``device``; channels_last when asked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from fasttrain.errors import FasttrainError
+
+LOADERS = ("gpu", "torchvision")
+CROP_PADDING_PX = 4  # zero padding at the source resolution before the random crop (CIFAR standard)
+
+
+class Loader(Protocol):
+    num_samples: int  # images this rank sees per epoch (padding included for training)
+
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def __len__(self) -> int: ...
+
+
+def make_train_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
+                      img_size: int, device: torch.device, augment: bool, seed: int,
+                      rank: int = 0, world_size: int = 1, workers: int = 0,
+                      pin_memory: bool = False, channels_last: bool = False) -> Loader:
+    """Shuffled, sharded training batches; call ``set_epoch`` before each epoch."""
+    _check(kind, images, labels, batch_size, img_size, rank, world_size)
+    if kind == "gpu":  # workers / pin_memory are meaningless: the data never leaves the device
+        return GpuLoader(images, labels, batch_size=batch_size, img_size=img_size, device=device,
+                         train=True, augment=augment, seed=seed, rank=rank,
+                         world_size=world_size, channels_last=channels_last)
+    return TorchvisionLoader(images, labels, batch_size=batch_size, img_size=img_size,
+                             device=device, train=True, augment=augment, seed=seed, rank=rank,
+                             world_size=world_size, workers=workers, pin_memory=pin_memory,
+                             channels_last=channels_last)
+
+
+def make_eval_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
+                     img_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
+                     workers: int = 0, pin_memory: bool = False,
+                     channels_last: bool = False) -> Loader:
+    """In-order, unaugmented batches of ``range(rank, N, world_size)``."""
+    _check(kind, images, labels, batch_size, img_size, rank, world_size)
+    if kind == "gpu":
+        return GpuLoader(images, labels, batch_size=batch_size, img_size=img_size, device=device,
+                         train=False, augment=False, seed=0, rank=rank,
+                         world_size=world_size, channels_last=channels_last)
+    return TorchvisionLoader(images, labels, batch_size=batch_size, img_size=img_size,
+                             device=device, train=False, augment=False, seed=0, rank=rank,
+                             world_size=world_size, workers=workers, pin_memory=pin_memory,
+                             channels_last=channels_last)
+
+
+def _check(kind, images, labels, batch_size, img_size, rank, world_size) -> None:
+    if kind not in LOADERS:
+        raise FasttrainError(f"unknown data.loader '{kind}': choose {' or '.join(LOADERS)}")
+    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+        raise FasttrainError(f"images must be uint8 [N, 3, H, W], got {images.dtype} "
+                             f"{list(images.shape)}")
+    if labels.dim() != 1 or labels.shape[0] != images.shape[0]:
+        raise FasttrainError(f"labels must be [N] with N = {images.shape[0]}, got "
+                             f"{list(labels.shape)}")
+    if batch_size < 1 or img_size < 1:
+        raise FasttrainError(f"batch_size and img_size must be positive, got {batch_size} "
+                             f"and {img_size}")
+    if not 0 <= rank < world_size:
+        raise FasttrainError(f"rank {rank} is outside world_size {world_size}")
+
+
+def _epoch_order(n: int, world_size: int, seed: int, epoch: int,
+                 augment: bool) -> torch.Tensor:
+    """[1 or 4, total] int64 on CPU: DistributedSampler's padded permutation, and, when
+    augmenting, a crop row offset, crop column offset and flip bit for every global position.
+
+    Drawn from one CPU generator seeded with ``seed + epoch`` so the order is bit-identical to
+    DistributedSampler's and to itself on any device; ranks get distinct augmentation because
+    they take different positions of the same draw.
+    """
+    g = torch.Generator().manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=g)  # first draw: must match DistributedSampler
+    total = math.ceil(n / world_size) * world_size
+    perm = perm.repeat(math.ceil(total / n))[:total]  # == indices + indices[:padding]
+    if not augment:
+        return perm[None]
+    max_offset = 2 * CROP_PADDING_PX  # padded size minus crop size
+    dy = torch.randint(0, max_offset + 1, (total,), generator=g)
+    dx = torch.randint(0, max_offset + 1, (total,), generator=g)
+    flip = torch.randint(0, 2, (total,), generator=g)
+    return torch.stack([perm, dy, dx, flip])
+
+
+def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor,
+              flip: torch.Tensor) -> torch.Tensor:
+    """Per-sample random crop of the zero-padded batch plus horizontal flip, as one gather.
+
+    x: [B, C, H, W] (any dtype); dy, dx: [B] offsets in [0, 2 * CROP_PADDING_PX]; flip: [B]
+    0/1. Equals ``RandomCrop((H, W), padding=CROP_PADDING_PX)`` then ``hflip`` where flip is 1.
+    """
+    b, c, h, w = x.shape
+    p = CROP_PADDING_PX
+    padded = F.pad(x, (p, p, p, p))  # zero fill, like torchvision RandomCrop's default
+    ar_h = torch.arange(h, device=x.device)
+    ar_w = torch.arange(w, device=x.device)
+    rows = dy[:, None] + ar_h  # [B, H]
+    # a flipped crop reads its columns right to left: fold the flip into the gather index
+    cols = dx[:, None] + torch.where(flip[:, None].bool(), w - 1 - ar_w, ar_w)  # [B, W]
+    bi = torch.arange(b, device=x.device)[:, None, None, None]
+    ci = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def to_float_resized(x: torch.Tensor, img_size: int) -> torch.Tensor:
+    """uint8 [B, C, H, W] -> float32 in [0, 1] at img_size x img_size (bilinear, half-pixel)."""
+    x = x.float().div_(255)  # convert at the source resolution: 50x fewer pixels than after
+    if x.shape[-2:] != (img_size, img_size):
+        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False,
+                          antialias=False)
+    return x
+
+
+class GpuLoader:
+    """The whole uint8 set on ``device``; batches are index slices, transforms batched ops."""
+
+    def __init__(self, images, labels, *, batch_size, img_size, device, train, augment, seed,
+                 rank, world_size, channels_last):
+        self.device = torch.device(device)
+        self.images = images.to(self.device)  # once; ~150 MB for CIFAR-10 train
+        self.labels = labels.to(self.device, torch.int64)
+        self.batch_size, self.img_size = batch_size, img_size
+        self.train, self.augment, self.seed = train, augment, seed
+        self.rank, self.world_size = rank, world_size
+        self.channels_last = channels_last
+        n = images.shape[0]
+        if train:
+            self.num_samples = math.ceil(n / world_size)
+            self.set_epoch(0)
+        else:
+            self._order = torch.arange(rank, n, world_size, device=self.device)[None]
+            self.num_samples = self._order.shape[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        if not self.train:
+            return
+        order = _epoch_order(self.images.shape[0], self.world_size, self.seed, epoch,
+                             self.augment)
+        # this rank's shard of every row, one host-to-device copy per epoch
+        self._order = order[:, self.rank::self.world_size].to(self.device)
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self):
+        order = self._order
+        for start in range(0, self.num_samples, self.batch_size):
+            chunk = order[:, start:start + self.batch_size]  # views: no host work, no sync
+            idx = chunk[0]
+            x = self.images.index_select(0, idx)
+            if self.augment:
+                x = crop_flip(x, chunk[1], chunk[2], chunk[3])
+            x = to_float_resized(x, self.img_size)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.labels.index_select(0, idx)
+
+
+class PILImages(torch.utils.data.Dataset):
+    """The uint8 array as a classic torchvision dataset: (PIL image, int label) through
+    ``transform``. Holds numpy arrays so it pickles cheaply into worker processes."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.hwc = images.permute(0, 2, 3, 1).contiguous().numpy()
+        self.labels = labels.to(torch.int64).numpy()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.hwc)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        return self.transform(Image.fromarray(self.hwc[i])), int(self.labels[i])
+
+
+class TorchvisionLoader:
+    """Reference path: PIL per image, transforms.Compose, DataLoader, DistributedSampler."""
+
+    def __init__(self, images, labels, *, batch_size, img_size, device, train, augment, seed,
+                 rank, world_size, workers, pin_memory, channels_last):
+        from torchvision import transforms
+
+        h, w = images.shape[-2:]
+        steps = []
+        if augment:  # crop at the source resolution, before the resize (see module docstring)
+            steps += [transforms.RandomCrop((h, w), padding=CROP_PADDING_PX),
+                      transforms.RandomHorizontalFlip()]
+        # (img_size, img_size) rather than img_size: identical for square CIFAR, and the
+        # output shape is the contract even for non-square input
+        steps += [transforms.Resize((img_size, img_size)), transforms.ToTensor()]
+        dataset = PILImages(images.cpu(), labels.cpu(), transforms.Compose(steps))
+        if train:
+            self.sampler = torch.utils.data.DistributedSampler(
+                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        else:
+            self.sampler = range(rank, len(dataset), world_size)
+        self.num_samples = len(self.sampler)
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
+            pin_memory=pin_memory, persistent_workers=workers > 0,
+            # seeds the workers' augmentation RNG; with workers=0 the global RNG is used
+            generator=torch.Generator().manual_seed(seed * 1000 + rank))
+        self.device = torch.device(device)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(self.sampler, torch.utils.data.DistributedSampler):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for x, y in self.loader:
+            yield (x.to(self.device, non_blocking=True, memory_format=self.memory_format),
+                   y.to(self.device, non_blocking=True))

@@ -1,0 +1,192 @@
+"""Parallelism in one place: launch, set up, wrap, unwrap, reduce, tear down, "am I the main process".
+
+Only this module reads RANK / LOCAL_RANK / WORLD_SIZE. The training loop receives a Runtime and a
+wrapped model and never asks which variant it runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fasttrain.errors import FasttrainError
+from fasttrain.layout import PARALLELS
+
+
+@dataclass
+class Runtime:
+    parallel: str
+    device: torch.device
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.parallel == "ddp"
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return "CPU"
+
+    @property
+    def replicas(self) -> int:
+        """Devices one optimizer step runs on: processes under ddp, GPUs under dp."""
+        if self.parallel == "dp" and self.device.type == "cuda":
+            return torch.cuda.device_count()
+        return self.world_size
+
+
+def under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def current_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def default_nproc() -> int:
+    """One process per visible GPU; two gloo processes on a machine without one, so ddp is still real."""
+    return torch.cuda.device_count() or 2
+
+
+def check_nproc(nproc: int, device_type: str) -> None:
+    gpus = torch.cuda.device_count()
+    if device_type == "cuda" and nproc > gpus:
+        raise FasttrainError(f"train.nproc = {nproc} ddp processes but only {gpus} GPU(s) visible: "
+                             f"set train.nproc to at most {gpus} or null")
+
+
+def launch(module_argv: list[str], nproc: int, max_restarts: int = 0) -> None:
+    """Re-run this command under torchrun (torch.distributed.run) with `nproc` workers.
+
+    `--standalone` gives a local c10d rendezvous on a free port, so two runs on one machine never
+    collide. Raises FasttrainError naming the failed rank when the workers fail for good.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args([
+        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.5", "--module", "fasttrain", *module_argv,
+    ])
+    # torchrun would set 1 thread per worker and print a banner saying so; share the cores instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise FasttrainError(f"ddp worker rank {rank} failed with exit code {failure.exitcode} "
+                             f"after {max_restarts} restart(s); see its output above") from None
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise FasttrainError("train.device = cuda but no GPU is visible: use auto or cpu")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", 0)
+
+
+def setup(parallel: str, device: str = "auto") -> Runtime:
+    if parallel not in PARALLELS:
+        raise FasttrainError(f"unknown parallel variant '{parallel}': choose {', '.join(PARALLELS)}")
+    base = resolve_device(device)
+    if parallel != "ddp":
+        rt = Runtime(parallel, base)
+        if parallel == "dp" and base.type != "cuda":
+            rt.warnings.append("dp without a GPU runs as one process: nn.DataParallel needs CUDA devices")
+        if base.type == "cuda":
+            torch.cuda.set_device(base)
+        return rt
+    if not under_torchrun():
+        raise FasttrainError("ddp must run under torchrun; `fasttrain train --parallel ddp` starts it for you")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if base.type == "cuda":
+        check_nproc(world_size, "cuda")
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+        backend = "nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10),
+                                device_id=dev if backend == "nccl" else None)
+    return Runtime("ddp", dev, rank, local_rank, world_size)
+
+
+def prepare_model(model: nn.Module, rt: Runtime, sync_bn: bool) -> nn.Module:
+    """Layer conversions that must happen before the optimizer sees the parameters."""
+    if rt.distributed and sync_bn:
+        if rt.device.type == "cuda":
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        else:
+            rt.warnings.append("train.sync_bn ignored: SyncBatchNorm needs GPUs")
+    return model
+
+
+def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
+    if rt.parallel == "ddp":
+        ids = [rt.local_rank] if rt.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if rt.parallel == "dp" and rt.device.type == "cuda":
+        return nn.DataParallel(model)
+    return model
+
+
+def wrap_for_inference(model: nn.Module, rt: Runtime) -> nn.Module:
+    """No gradients to synchronise: ddp ranks each run their shard of the data on a plain model."""
+    if rt.parallel == "dp" and rt.device.type == "cuda":
+        return nn.DataParallel(model)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model under any wrapper (DDP, DataParallel, torch.compile, AutocastForward)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        dist.barrier()
+
+
+def all_reduce(t: torch.Tensor, rt: Runtime, op: str = "sum") -> torch.Tensor:
+    """Sum (or max) a tensor over ranks, in place; a no-op outside ddp.
+
+    gloo and nccl both reduce on the tensor's own device, so it stays where the caller made it.
+    """
+    if rt.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t
+
+
+def teardown(rt: Runtime) -> None:
+    if rt.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def silence_non_main(rt: Runtime) -> None:
+    """Rank > 0 prints nothing but errors: one run, one log."""
+    if not rt.is_main:
+        warnings.filterwarnings("ignore")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)

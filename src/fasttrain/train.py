@@ -1,0 +1,331 @@
+"""Train one variant: one loop for every precision and parallel variant.
+
+The loop gets a Runtime (where am I, which rank) and a wrapped model; the precision entry decides
+what autocast and the GradScaler do. It never branches on the variant's name.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+import shutil
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import click
+import torch
+import torch.nn.functional as F
+
+from fasttrain import checkpoint, config, parallel
+from fasttrain.data import load_dataset
+from fasttrain.errors import FasttrainError
+from fasttrain.evaluate import evaluate_model
+from fasttrain.layout import Layout
+from fasttrain.loaders import make_eval_loader, make_train_loader
+from fasttrain.models import build_model, check_img_size
+from fasttrain.precision import AutocastForward, Precision
+from fasttrain.variant import run_variant, variant_options
+
+
+def check_train(params: config.Params, world_size: int) -> None:
+    """Everything that can be rejected before a process is started or a file is touched."""
+    check_img_size(params.model.name, params.train.img_size)
+    if params.train.batch_size < world_size:
+        raise FasttrainError(f"train.batch_size = {params.train.batch_size} is smaller than the {world_size} "
+                             f"ddp processes: it is the global batch, so use at least {world_size}")
+    if params.train.batch_size % world_size:
+        raise FasttrainError(f"train.batch_size = {params.train.batch_size} does not split evenly over "
+                             f"{world_size} ddp processes: use a multiple of {world_size}")
+
+
+def resolved_config(params: config.Params, parallel_name: str, precision_name: str, world_size: int) -> dict:
+    """What the run depends on: the params that shape training, plus the variant and the world size."""
+    resolved = config.to_dict(params)
+    resolved.pop("evaluate")
+    for key in ("log_every_steps", "max_restarts"):  # how a run is watched or restarted, not what it computes
+        resolved["train"].pop(key)
+    resolved["variant"] = {"parallel": parallel_name, "precision": precision_name, "world_size": world_size}
+    return resolved
+
+
+def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
+    if rt.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(rt.device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, "cpu_max_rss"
+
+
+def synchronize(rt: parallel.Runtime) -> None:
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize(rt.device)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):
+    if cfg.scheduler == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.plateau_factor,
+                                                          patience=cfg.plateau_patience)
+    if cfg.scheduler == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, epochs=cfg.epochs,
+                                                   steps_per_epoch=steps_per_epoch)
+    return None
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    seconds: float
+    train_loss: float
+    test_accuracy: float | None
+    lr: float
+    images: int
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores; the rest of a run is re-derived from params."""
+    epoch: int = 0  # epochs completed
+    global_step: int = 0
+    history: list[EpochRecord] = field(default_factory=list)
+    skipped_steps: int = 0
+
+
+def _state_to_dict(state: TrainState) -> dict:
+    return {"epoch": state.epoch, "global_step": state.global_step, "skipped_steps": state.skipped_steps,
+            "history": [vars(r) for r in state.history]}
+
+
+def _state_from_dict(d: dict) -> TrainState:
+    return TrainState(d["epoch"], d["global_step"], [EpochRecord(**r) for r in d["history"]], d["skipped_steps"])
+
+
+def train(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout,
+          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+    """Train one variant; writes checkpoints, the final model, TensorBoard logs, the per-epoch table
+    and the metrics (rank 0 only). Returns the metrics."""
+    cfg, variant = params.train, f"{rt.parallel}-{precision.name}"
+    if not rt.is_main:
+        log = lambda msg: None  # noqa: E731 (one run, one log)
+    wall_start = time.perf_counter()
+    dataset = load_dataset(layout.dataset)
+    resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size)
+    digest = config.config_hash(resolved)
+    dev = rt.device.type
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
+    model = build_model(params.model.name, len(dataset.classes)).to(rt.device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    raw = parallel.prepare_model(model, rt, cfg.sync_bn)
+    net = parallel.wrap(AutocastForward(raw, precision), rt)
+    if cfg.compile:
+        net = torch.compile(net)
+    torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
+
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  fused=cfg.fused_adamw and dev == "cuda")
+    scaler = precision.scaler(dev)
+    per_rank_batch = cfg.batch_size // rt.world_size
+    loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
+                       workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
+                       channels_last=cfg.channels_last)
+    train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
+                                     batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
+                                     **loader_args)
+    test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
+                                   batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
+    scheduler = make_scheduler(cfg, optimizer, len(train_loader))
+
+    state = TrainState()
+    ckpt_path = layout.checkpoint_dir(variant) / "last.pt"
+    if ckpt_path.exists():
+        ckpt = checkpoint.load(ckpt_path, map_location=rt.device)
+        if ckpt.get("config_hash") != digest:
+            raise FasttrainError(f"{ckpt_path} is from another config (hash {ckpt.get('config_hash')}, now {digest}): "
+                                 f"delete it to start afresh, or restore the params it was made with")
+        if ckpt["state"]["epoch"] < cfg.epochs:
+            raw.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scaler.load_state_dict(ckpt["scaler"])
+            if scheduler is not None:
+                scheduler.load_state_dict(ckpt["scheduler"])
+            state = _state_from_dict(ckpt["state"])
+            set_rng_state(ckpt["rng"][rt.rank])
+            log(f"{variant}: resuming from {ckpt_path} after epoch {state.epoch}")
+
+    writer = None
+    if rt.is_main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
+            shutil.rmtree(layout.tensorboard(variant), ignore_errors=True)
+        writer = SummaryWriter(str(layout.tensorboard(variant)), purge_step=state.global_step or None)
+
+    for epoch in range(state.epoch, cfg.epochs):
+        train_loader.set_epoch(epoch)
+        net.train()
+        loss_sum = torch.zeros((), device=rt.device, dtype=torch.float64)
+        bad_steps = torch.zeros((), device=rt.device, dtype=torch.int64)
+        first_bad = torch.full((), -1, device=rt.device, dtype=torch.int64)
+        skipped = torch.zeros((), device=rt.device, dtype=torch.int64)
+        images = 0
+        synchronize(rt)
+        start = time.perf_counter()
+        for step, (x, y) in enumerate(train_loader):
+            with precision.autocast(dev):
+                loss = F.cross_entropy(net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            # GradScaler halves its scale on every step it skips; comparing the (private) scale
+            # tensor on the device counts skips without a host sync.
+            before = scaler._scale.clone() if scaler.is_enabled() else None
+            scaler.step(optimizer)
+            scaler.update()
+            if before is not None:
+                skipped += (scaler._scale < before).long()
+            if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
+                scheduler.step()
+            # Accumulate on the device: a .item() per step would stall the GPU queue.
+            finite = torch.isfinite(loss.detach())
+            loss_sum += torch.where(finite, loss.detach().double(), 0.0) * y.shape[0]
+            bad_steps += (~finite).long()
+            first_bad = torch.where((first_bad < 0) & ~finite, step, first_bad)
+            images += y.shape[0]
+            state.global_step += 1
+            if writer is not None and state.global_step % cfg.log_every_steps == 0:
+                writer.add_scalar("train/loss", loss.item(), state.global_step)
+                writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], state.global_step)
+                if scaler.is_enabled():
+                    writer.add_scalar("train/loss_scale", scaler.get_scale(), state.global_step)
+        synchronize(rt)
+        seconds = time.perf_counter() - start
+
+        totals = torch.stack([loss_sum, torch.tensor(images, dtype=torch.float64, device=rt.device),
+                              bad_steps.double(), skipped.double()])
+        parallel.all_reduce(totals, rt)
+        seconds_t = parallel.all_reduce(torch.tensor([seconds], device=rt.device), rt, op="max")
+        seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
+        if bad and not (scaler.is_enabled() and bad <= skip):
+            raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {int(first_bad.clamp(min=0)) + 1} "
+                                 f"({bad} step(s)); the last good checkpoint is {ckpt_path}")
+        epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
+        state.skipped_steps += skip
+
+        accuracy = evaluate_model(net, test_loader, precision, rt, len(dataset.classes)).accuracy
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step(epoch_loss)
+        record = EpochRecord(epoch + 1, float(seconds_t[0]), epoch_loss, accuracy,
+                             optimizer.param_groups[0]["lr"], seen)
+        state.history.append(record)
+        state.epoch = epoch + 1
+        log(f"{variant}: epoch {record.epoch}/{cfg.epochs}  loss {epoch_loss:.4f}  "
+            f"test acc {accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s")
+        if writer is not None:
+            writer.add_scalar("epoch/train_loss", epoch_loss, record.epoch)
+            writer.add_scalar("epoch/test_accuracy", accuracy, record.epoch)
+            writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
+            writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+        _save_checkpoint(ckpt_path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt)
+
+    peak, peak_kind = peak_memory_mb(rt)
+    peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
+    metrics = _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler,
+                       time.perf_counter() - wall_start)
+    if rt.is_main:
+        checkpoint.save({"model": raw.state_dict(), "config": resolved, "classes": dataset.classes,
+                         "variant": variant}, layout.model(variant))
+        checkpoint.atomic_write_text(layout.train_plot(variant), _history_csv(state.history))
+        checkpoint.atomic_write_json(layout.train_metrics(variant), metrics)
+        writer.add_hparams({"parallel": rt.parallel, "precision": precision.name, "model": params.model.name,
+                            "batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
+                            "img_size": cfg.img_size, "loader": params.data.loader},
+                           {"hparam/images_per_second": metrics["images_per_second"],
+                            "hparam/final_train_loss": metrics["final_train_loss"]}, run_name=".")
+        writer.close()
+    parallel.barrier(rt)
+    return metrics
+
+
+def _save_checkpoint(path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt) -> None:
+    rngs = [None] * rt.world_size
+    if rt.distributed:
+        torch.distributed.all_gather_object(rngs, rng_state())
+    else:
+        rngs = [rng_state()]
+    if rt.is_main:
+        checkpoint.save({
+            "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict(), "state": _state_to_dict(state), "rng": rngs,
+            "config": resolved, "config_hash": digest,
+        }, path)
+    parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
+
+
+def _history_csv(history: list[EpochRecord]) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second"])
+    elapsed = 0.0
+    for r in history:
+        elapsed += r.seconds
+        w.writerow([r.epoch, f"{elapsed:.3f}", f"{r.seconds:.3f}", f"{r.train_loss:.6f}",
+                    "" if r.test_accuracy is None else f"{r.test_accuracy:.6f}", f"{r.lr:.3g}",
+                    f"{r.images_per_second:.1f}"])
+    return out.getvalue()
+
+
+def _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler, wall_seconds) -> dict:
+    h = state.history
+    steady = h[1:] or h  # the first epoch carries warm-up (cudnn autotune, compile, caches)
+    steady_seconds = sum(r.seconds for r in steady) / len(steady)
+    steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
+    return {
+        "variant": variant, "parallel": rt.parallel, "precision": precision.name,
+        "epochs": len(h),
+        "train_seconds": round(sum(r.seconds for r in h), 3),
+        "wall_seconds": round(wall_seconds, 3),
+        "first_epoch_seconds": round(h[0].seconds, 3),
+        "epoch_seconds": round(steady_seconds, 3),
+        "epoch_seconds_each": [round(r.seconds, 3) for r in h],
+        "images_per_second": round(steady_ips, 1),
+        "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
+        "final_train_loss": round(h[-1].train_loss, 6),
+        "final_test_accuracy": h[-1].test_accuracy,
+        "grad_scaler_skipped_steps": state.skipped_steps,
+        "grad_scaler_final_scale": scaler.get_scale() if scaler.is_enabled() else None,
+        "device": rt.device_name, "device_count": rt.replicas,
+        "torch_version": torch.__version__, "world_size": rt.world_size,
+        "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "warnings": rt.warnings,
+    }
+
+
+
+@click.command("train")
+@variant_options
+def main(parallel_name: str, precision_name: str, params_path: str) -> None:
+    """Train one variant with the `train:` params; writes models/, metrics/train/, plots/train/, tensorboard/."""
+    run_variant("train", train, parallel_name, precision_name, params_path, check=check_train,
+                max_restarts=config.load(params_path).train.max_restarts)

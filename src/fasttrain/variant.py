@@ -1,0 +1,58 @@
+"""What `train` and `evaluate` share: the variant options, validation before anything starts, and
+starting torchrun workers when a ddp variant is asked for outside torchrun."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+
+from fasttrain import config, parallel
+from fasttrain.layout import Layout
+from fasttrain.precision import PRECISIONS
+
+
+def variant_options(fn):
+    @click.option("--parallel", "parallel_name", required=True, type=click.Choice(parallel.PARALLELS),
+                  help="single: one device; dp: nn.DataParallel over the visible GPUs; "
+                       "ddp: DistributedDataParallel, one torchrun process per GPU (2 gloo processes without one).")
+    @click.option("--precision", "precision_name", required=True, type=click.Choice(tuple(PRECISIONS)),
+                  help="fp32; autocast: fp16 autocast, no scaler; amp: fp16 autocast + GradScaler; bf16: bf16 autocast.")
+    @click.option("--params", "params_path", default="params.yaml", show_default=True,
+                  type=click.Path(dir_okay=False), help="The params file to read.")
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def world_size_for(params: config.Params, parallel_name: str) -> int:
+    if parallel_name != "ddp":
+        return 1
+    if parallel.under_torchrun():
+        return parallel.current_world_size()
+    device = parallel.resolve_device(params.train.device)
+    nproc = params.train.nproc or parallel.default_nproc()
+    parallel.check_nproc(nproc, device.type)
+    return nproc
+
+
+def run_variant(command: str, fn, parallel_name: str, precision_name: str, params_path: str,
+                check=None, max_restarts: int = 0) -> None:
+    """Validate (`check(params, world_size)`), then either run `fn(params, precision, runtime, layout)`
+    here or start ddp workers that run this same command under torchrun."""
+    params = config.load(params_path)
+    world_size = world_size_for(params, parallel_name)
+    if check is not None:
+        check(params, world_size)
+    if parallel_name == "ddp" and not parallel.under_torchrun():
+        parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
+                         "--params", str(Path(params_path).resolve())], world_size, max_restarts)
+        return
+    rt = parallel.setup(parallel_name, params.train.device)
+    parallel.silence_non_main(rt)
+    try:
+        fn(params, PRECISIONS[precision_name], rt, Layout())
+    finally:
+        parallel.teardown(rt)

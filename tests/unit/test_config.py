@@ -1,0 +1,59 @@
+import pytest
+import yaml
+
+from fasttrain import config
+from fasttrain.errors import FasttrainError
+
+
+def test_defaults_are_the_classic_recipe(tmp_path):
+    p = config.load("params.yaml")
+    assert (p.model.name, p.train.img_size, p.train.batch_size, p.train.lr, p.train.epochs) == ("alexnet", 227, 64, 1e-4, 20)
+    assert p == config.Params()  # params.yaml and the dataclass defaults say the same thing
+
+
+def test_ints_are_accepted_where_floats_are_expected():
+    p = config.from_dict({"train": {"lr": 1, "weight_decay": 0}})
+    assert isinstance(p.train.lr, float) and p.train.lr == 1.0
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ({"train": {"lr": 0}}, "train.lr"),
+    ({"train": {"lr": -1e-3}}, "train.lr"),
+    ({"train": {"batch_size": 0}}, "train.batch_size"),
+    ({"train": {"epochs": 0}}, "train.epochs"),
+    ({"train": {"epochs": 2.5}}, "train.epochs must be an integer"),
+    ({"train": {"epochs": True}}, "train.epochs must be an integer"),
+    ({"train": {"lr": "fast"}}, "train.lr must be a number"),
+    ({"train": {"scheduler": "cosine"}}, "plateau, onecycle, none"),
+    ({"train": {"nproc": 0}}, "train.nproc"),
+    ({"train": {"device": "tpu"}}, "auto, cpu, cuda"),
+    ({"train": {"lrr": 1e-3}}, "unknown key 'train.lrr'"),
+    ({"trian": {}}, "unknown params section 'trian'"),
+    ({"data": {"loader": "dali"}}, "gpu, torchvision"),
+    ({"data": {"md5": "xyz"}}, "data.md5"),
+    ({"data": {"workers": -1}}, "data.workers"),
+    ({"data": "cifar10"}, "must be a mapping"),
+    ({"evaluate": {"batch_size": 0}}, "evaluate.batch_size"),
+])
+def test_bad_params_are_one_line_errors(raw, fragment):
+    with pytest.raises(FasttrainError) as e:
+        config.from_dict(raw)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_load_reports_missing_and_malformed_files(tmp_path):
+    with pytest.raises(FasttrainError, match="params file not found"):
+        config.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(FasttrainError, match="not valid YAML"):
+        config.load(bad)
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = config.to_dict(config.Params())
+    b = yaml.safe_load(yaml.safe_dump(a))
+    assert config.config_hash(a) == config.config_hash(b)
+    b["train"]["lr"] = 2e-4
+    assert config.config_hash(a) != config.config_hash(b)
