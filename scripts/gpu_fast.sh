@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On the GPU machine: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe over seeds.
+# Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
+# Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml.
+# (No DVC on that machine: these are the commands the stages run.)
+set -u
+archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
+ft() { python3 -m fasttrain "$@"; }
+mkdir -p "$out"
+{ nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
+(cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
+
+base=/tmp/ft-base && rm -rf $base && mkdir -p $base && cd $base
+python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive"
+ft download
+python3 "$repo/scripts/overlay.py" params.yaml "$repo/recipes/fast.yaml" fast.yaml
+if [ "${5:-}" != skip-bench ]; then
+  ft bench --params params.yaml --case 64:amp --case 512:bf16:compile --out "$out/bench-classic.json" 2>&1 | tail -16
+  ft bench --params fast.yaml --case 64:amp --case 512:bf16:compile --out "$out/bench-fast.json" 2>&1 | tail -16
+fi
+
+n=0
+for config in $configs; do n=$((n + 1)); for seed in $seeds; do
+  d=/tmp/ft-fast-$n-$seed && rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
+  python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
+  echo "config $n: $config seed $seed"
+  ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
+  ft evaluate --parallel single --precision bf16
+  python3 - "$out/fast-$n-seed$seed.json" "$config" <<'PY'
+import json, sys
+t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
+row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
+row["test_accuracy"] = e["test_accuracy"]
+row["overrides"] = sys.argv[2]
+json.dump(row, open(sys.argv[1], "w"), indent=1); print("FAST", json.dumps(row))
+PY
+done; done

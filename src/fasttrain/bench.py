@@ -1,0 +1,209 @@
+"""`fasttrain bench`: where the time goes, measured in one process at the same batch size and precision.
+
+For each case (batch size, precision, compiled or not) it times the real training step fed by
+  - the classic torchvision loader with 0 workers and with `data.workers` workers,
+  - the gpu loader (uint8 set on the device, batched by index),
+  - the compute ceiling: the same step on one random batch already on the device,
+and, once, a bf16 matrix product for the device's peak. Model FLOP utilisation is the step's
+counted FLOPs per image x images/s over that peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import click
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from fasttrain import atomic, config, parallel
+from fasttrain.data import load_dataset
+from fasttrain.engine import build_trainable, synchronize, train_step, warm_up
+from fasttrain.errors import FasttrainError
+from fasttrain.layout import Layout
+from fasttrain.loaders import make_train_loader
+from fasttrain.models import build_model, check_img_size
+from fasttrain.precision import PRECISIONS
+
+DEFAULT_CASES = ("64:amp", "512:bf16:compile")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch_size: int
+    precision: str
+    compile: bool
+
+    @property
+    def name(self) -> str:
+        return f"batch {self.batch_size}, {self.precision}" + (", compiled" if self.compile else "")
+
+
+def parse_case(text: str) -> Case:
+    parts = text.split(":")
+    ok = (2 <= len(parts) <= 3 and parts[0].isdigit() and int(parts[0]) >= 1 and parts[1] in PRECISIONS
+          and (len(parts) == 2 or parts[2] == "compile"))
+    if not ok:
+        raise FasttrainError(f"bad bench case '{text}': use BATCH:PRECISION[:compile], precision one of "
+                             f"{', '.join(PRECISIONS)}, e.g. 64:amp or 512:bf16:compile")
+    return Case(int(parts[0]), parts[1], len(parts) == 3)
+
+
+def flops_per_image(model_name: str, img_size: int, num_classes: int) -> float:
+    """Forward + backward FLOPs of one image, counted by torch's FlopCounterMode (matmuls and convs)."""
+    model = build_model(model_name, num_classes)
+    x = torch.randn(2, 3, img_size, img_size)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
+    return counter.get_total_flops() / 2
+
+
+def matmul_peak_tflops(device: torch.device, size: int, repeats: int = 20) -> float:
+    """bf16 matrix-product throughput on random data (zeros run faster than real data)."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    synchronize(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def time_steps(step, batches, warmup_steps: int, min_steps: int, min_seconds: float, device) -> dict:
+    """Images/s of `step` over `batches` (an endless iterator), warm-up excluded, device synchronised."""
+    for _ in range(warmup_steps):
+        step(*next(batches))
+    synchronize(device)
+    start, steps, images = time.perf_counter(), 0, 0
+    while steps < min_steps or time.perf_counter() - start < min_seconds:
+        x, y = next(batches)
+        step(x, y)
+        steps += 1
+        images += y.shape[0]
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"images_per_second": round(images / seconds, 1), "steps": steps, "seconds": round(seconds, 3)}
+
+
+def _endless(loader):
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *, warmup_steps: int,
+             min_steps: int, min_seconds: float, log) -> dict:
+    params = dataclasses.replace(params, train=dataclasses.replace(params.train, batch_size=case.batch_size,
+                                                                   compile=case.compile))
+    cfg, precision = params.train, PRECISIONS[case.precision]
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    t = build_trainable(params, precision, rt, len(dataset.classes))
+
+    def step(x, y):
+        train_step(t, precision, x, y)
+
+    x0 = torch.rand(case.batch_size, 3, cfg.img_size, cfg.img_size, device=rt.device)
+    x0 = x0.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x0
+    y0 = torch.randint(0, len(dataset.classes), (case.batch_size,), device=rt.device)
+    last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
+    compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
+                              cfg.channels_last, rt.device)
+
+    def loader(kind: str, workers: int):
+        return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
+                                 img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
+                                 seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
+                                 channels_last=cfg.channels_last)
+
+    paths = {
+        "torchvision_workers_0": lambda: _endless(loader("torchvision", 0)),
+        f"torchvision_workers_{params.data.workers}": lambda: _endless(loader("torchvision", params.data.workers)),
+        "gpu_loader": lambda: _endless(loader("gpu", 0)),
+        "compute_ceiling": lambda: iter(lambda: (x0, y0), None),
+    }
+    results = {}
+    for name, make in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
+        batches = make()
+        results[name] = time_steps(step, batches, warmup_steps, min_steps, min_seconds, rt.device)
+        if hasattr(batches, "close"):
+            batches.close()  # stops the DataLoader's workers before the next path is timed
+        log(f"  {case.name}: {name:<24} {results[name]['images_per_second']:>10,.0f} images/s")
+    ceiling = results["compute_ceiling"]["images_per_second"]
+    gpu = results["gpu_loader"]["images_per_second"]
+    return {
+        "batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
+        "channels_last": cfg.channels_last, "compile_seconds": round(compile_seconds, 3),
+        "paths": results,
+        "gpu_loader_over_torchvision_workers_0": round(gpu / results["torchvision_workers_0"]["images_per_second"], 2),
+        "gpu_loader_over_compute_ceiling": round(gpu / ceiling, 3),
+    }
+
+
+def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_steps: int = 5,
+          min_steps: int = 20, min_seconds: float = 3.0, matmul_size: int = 8192,
+          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+    check_img_size(params.model.name, params.train.img_size)
+    dataset = load_dataset(layout.dataset)
+    rt = parallel.setup("single", params.train.device)
+    log(f"bench on {rt.device_name}, torch {torch.__version__}, {params.model.name} at {params.train.img_size} px")
+    peak = matmul_peak_tflops(rt.device, matmul_size if rt.device.type == "cuda" else min(matmul_size, 512))
+    log(f"  bf16 matrix product ({matmul_size if rt.device.type == 'cuda' else min(matmul_size, 512)}^3): {peak:,.1f} TFLOP/s")
+    flops = flops_per_image(params.model.name, params.train.img_size, len(dataset.classes))
+    rows = []
+    for case in cases:
+        row = run_case(params, case, dataset, rt, warmup_steps=warmup_steps, min_steps=min_steps,
+                       min_seconds=min_seconds, log=log)
+        for result in row["paths"].values():
+            result["model_flop_utilisation"] = round(result["images_per_second"] * flops / 1e12 / peak, 4)
+        rows.append(row)
+    return {
+        "device": rt.device_name, "torch_version": torch.__version__, "world_size": 1,
+        "model": params.model.name, "img_size": params.train.img_size,
+        "gflop_per_image_forward_backward": round(flops / 1e9, 3),
+        "bf16_matmul_peak_tflops": float(f"{peak:.4g}"), "cases": rows,
+    }
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"Device: {result['device']}; torch {result['torch_version']}; {result['model']} at "
+             f"{result['img_size']} px, {result['gflop_per_image_forward_backward']} GFLOP/image fwd+bwd; "
+             f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s", "",
+             "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
+    for case in result["cases"]:
+        name = Case(case["batch_size"], case["precision"], case["compile"]).name
+        for path, r in case["paths"].items():
+            lines.append(f"| {name} | {path} | {r['images_per_second']:,.0f} | {100 * r['model_flop_utilisation']:.1f}% |")
+        lines.append(f"| {name} | gpu loader / torchvision (0 workers) | {case['gpu_loader_over_torchvision_workers_0']:.1f}x | |")
+        lines.append(f"| {name} | gpu loader / compute ceiling | {100 * case['gpu_loader_over_compute_ceiling']:.1f}% | |")
+    return "\n".join(lines) + "\n"
+
+
+@click.command("bench")
+@click.option("--case", "cases", multiple=True, default=DEFAULT_CASES, show_default=True,
+              help="BATCH:PRECISION[:compile]; repeat for several cases.")
+@click.option("--params", "params_path", default="params.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="Model, img_size, data.workers and switches come from here.")
+@click.option("--warmup-steps", default=5, show_default=True, type=click.IntRange(0), help="Untimed steps per path.")
+@click.option("--min-steps", default=20, show_default=True, type=click.IntRange(1), help="Timed steps per path, at least.")
+@click.option("--min-seconds", default=3.0, show_default=True, type=click.FloatRange(0), help="Timed seconds per path, at least.")
+@click.option("--matmul-size", default=8192, show_default=True, type=click.IntRange(16),
+              help="Side of the bf16 matrix product that measures the peak (capped at 512 on a CPU).")
+@click.option("--out", default="metrics/bench.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Where the JSON results go (a .md table is written beside it).")
+def main(cases, params_path, warmup_steps, min_steps, min_seconds, matmul_size, out) -> None:
+    """Measure the loaders against the compute ceiling and the device's bf16 peak."""
+    parsed = [parse_case(c) for c in cases]
+    result = bench(config.load(params_path), parsed, Layout(), warmup_steps=warmup_steps, min_steps=min_steps,
+                   min_seconds=min_seconds, matmul_size=matmul_size)
+    markdown = to_markdown(result)
+    atomic.atomic_write_json(out, result)
+    atomic.atomic_write_text(str(out).removesuffix(".json") + ".md", markdown)
+    click.echo(markdown)

@@ -1,0 +1,91 @@
+"""The pieces every training run is made of, shared by `train` and `bench` so that the benchmark
+times exactly the step that training runs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fasttrain import config, parallel
+from fasttrain.models import build_model
+from fasttrain.precision import AutocastForward, Precision
+
+
+@dataclass
+class Trainable:
+    raw: nn.Module  # the bare torchvision model: what checkpoints hold
+    net: nn.Module  # what the loop calls: autocast inside, then DataParallel/DDP, then compile
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    label_smoothing: float = 0.0
+
+
+def build_trainable(params: config.Params, precision: Precision, rt: parallel.Runtime, num_classes: int) -> Trainable:
+    cfg = params.train
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
+    model = build_model(params.model.name, num_classes).to(rt.device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    raw = parallel.prepare_model(model, rt, cfg.sync_bn)
+    net = parallel.wrap(AutocastForward(raw, precision), rt)
+    if cfg.compile:
+        # Static shapes: the last short batch of an epoch gets a graph of its own (compiled in
+        # warm_up) instead of a slower dynamic-shape graph recompiled in the middle of training.
+        net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  fused=cfg.fused_adamw and rt.device.type == "cuda")
+    return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing)
+
+
+def train_step(t: Trainable, precision: Precision, x: torch.Tensor, y: torch.Tensor):
+    """One optimizer step. Returns the loss and, under a GradScaler, whether the step was skipped,
+    both as device tensors: nothing here waits for the GPU."""
+    with precision.autocast(x.device.type):
+        loss = F.cross_entropy(t.net(x), y, label_smoothing=t.label_smoothing)
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    # GradScaler halves its scale on every step it skips; comparing the (private) scale tensor on
+    # the device counts skips without a host sync.
+    before = t.scaler._scale.clone() if t.scaler.is_enabled() else None
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    skipped = t.scaler._scale < before if before is not None else None
+    return loss.detach(), skipped
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
+            channels_last: bool, device: torch.device) -> float:
+    """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
+    autotuning happen outside the timed region; buffers (BatchNorm statistics), gradients and RNG
+    are restored, so training is unchanged. Returns the seconds it took."""
+    buffers = {k: v.clone() for k, v in t.raw.named_buffers()}
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    synchronize(device)
+    start = time.perf_counter()
+    for n in dict.fromkeys(b for b in batch_sizes if b > 0):
+        x = torch.rand(n, 3, img_size, img_size, device=device)
+        x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        y = torch.randint(0, num_classes, (n,), device=device)
+        with precision.autocast(device.type):
+            loss = F.cross_entropy(t.net(x), y)
+        t.scaler.scale(loss).backward()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    t.optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for k, v in t.raw.named_buffers():
+            v.copy_(buffers[k])
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+    return seconds

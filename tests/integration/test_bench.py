@@ -1,0 +1,36 @@
+"""`fasttrain bench` on the CPU at a tiny size writes a well-formed metrics/bench.json."""
+
+import json
+
+import pytest
+
+from scratch import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_writes_every_path_and_ratio(tiny_repo):
+    run(["fasttrain", "download"], tiny_repo)
+    out = run(["fasttrain", "bench", "--case", "16:fp32", "--case", "16:bf16", "--warmup-steps", "1",
+               "--min-steps", "2", "--min-seconds", "0", "--matmul-size", "64"], tiny_repo)
+    result = json.loads((tiny_repo / "metrics" / "bench.json").read_text())
+    assert result["device"] == "CPU" and result["torch_version"] and result["world_size"] == 1
+    assert result["bf16_matmul_peak_tflops"] > 0 and result["gflop_per_image_forward_backward"] > 0
+    assert [(c["batch_size"], c["precision"]) for c in result["cases"]] == [(16, "fp32"), (16, "bf16")]
+    for case in result["cases"]:
+        assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}  # workers: 0
+        for path in case["paths"].values():
+            assert path["images_per_second"] > 0 and path["steps"] >= 2 and 0 < path["model_flop_utilisation"]
+        gpu = case["paths"]["gpu_loader"]["images_per_second"]
+        assert case["gpu_loader_over_compute_ceiling"] == pytest.approx(
+            gpu / case["paths"]["compute_ceiling"]["images_per_second"], rel=1e-2)
+    assert "compute_ceiling" in out.stdout and (tiny_repo / "metrics" / "bench.md").is_file()
+
+
+def test_bad_case_is_a_one_line_error(tiny_repo):
+    proc = run(["fasttrain", "bench", "--case", "64:fp8"], tiny_repo, check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "fasttrain: error: bad bench case '64:fp8': use BATCH:PRECISION[:compile], precision one of "
+        "fp32, autocast, amp, bf16, e.g. 64:amp or 512:bf16:compile"]
+    assert not (tiny_repo / "metrics" / "bench.json").exists()
