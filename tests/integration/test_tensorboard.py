@@ -1,0 +1,49 @@
+"""A real tiny `fasttrain train`, its TensorBoard logs read back with TensorBoard's own reader."""
+
+import pytest
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from scratch import run, set_params
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, STEPS_PER_EPOCH = 2, 2  # 64 images in batches of 32: fp16 steps take seconds on a CPU
+
+
+def hparams_of(mux: EventMultiplexer, run_name: str) -> dict:
+    content = mux.PluginRunToTagToContent("hparams")[run_name]["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: v.string_value or v.number_value or v.bool_value for k, v in info.hparams.items()}
+
+
+def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run(tiny_repo):
+    set_params(tiny_repo, {"data": {"synthetic_train_size": 64}, "train": {"epochs": EPOCHS, "log_every_steps": 1}})
+    run(["fasttrain", "download"], tiny_repo)
+    for precision in ("fp32", "amp"):
+        out = run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
+        assert "\r" not in out.stderr  # not a terminal: lines, never a bar
+        assert f"single-{precision}: epoch {EPOCHS}/{EPOCHS}" in out.stderr
+
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tiny_repo / "tensorboard"))
+    mux.Reload()
+    assert set(mux.Runs()) == {"single-fp32", "single-amp"}  # one run folder per variant
+    for variant in ("single-fp32", "single-amp"):
+        scalars = set(mux.GetAccumulator(variant).Tags()["scalars"])
+        steps = {tag: [e.step for e in mux.Scalars(variant, tag)] for tag in scalars}
+        for tag in ("train/loss", "train/lr"):
+            assert steps[tag] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1)), tag
+        for tag in ("epoch/test_accuracy", "epoch/images_per_second", "epoch/seconds", "epoch/train_loss"):
+            assert steps[tag] == list(range(1, EPOCHS + 1)), tag
+        assert all(e.value > 0 for e in mux.Scalars(variant, "epoch/images_per_second"))
+        assert {"hparam/images_per_second", "hparam/final_test_accuracy"} <= scalars
+
+        hparams = hparams_of(mux, variant)
+        assert hparams["parallel"] == "single" and hparams["precision"] == variant.split("-")[1]
+        assert hparams["model"] == "squeezenet1_1" and hparams["world_size"] == 1
+
+    # The GradScaler's loss scale: every step under amp, never without a scaler.
+    scale = mux.Scalars("single-amp", "train/loss_scale")
+    assert [e.step for e in scale] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert all(e.value > 1 for e in scale)
+    assert "train/loss_scale" not in mux.GetAccumulator("single-fp32").Tags()["scalars"]

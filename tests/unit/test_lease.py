@@ -1,0 +1,117 @@
+"""GPU leases without GPUs: the device count and the GPUs' UUIDs are stand-ins, the locks are real."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fasttrain import lease, parallel
+from fasttrain.errors import FasttrainError
+
+FAKE_GPUS = textwrap.dedent("""
+    import torch
+    from types import SimpleNamespace
+    torch.cuda.device_count = lambda: {n}
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=f"uuid-{{i}}")
+""")
+
+
+@pytest.fixture
+def gpus(monkeypatch, tmp_path):
+    """Three fake GPUs, lock files in a folder of this test's own, no lease held by the process."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"uuid-{i}"))
+    monkeypatch.setenv("FASTTRAIN_LOCK_DIR", str(tmp_path))
+    monkeypatch.delenv("FASTTRAIN_LEASE_TIMEOUT", raising=False)
+    monkeypatch.setattr(lease, "_held", None)
+    monkeypatch.setattr(lease, "POLL_SECONDS", 0.05)
+    return tmp_path
+
+
+def test_two_leases_get_different_gpus_and_a_released_one_is_taken_again(gpus):
+    a, b = lease.acquire(1, timeout=0), lease.acquire(1, timeout=0)
+    assert (a.indices, b.indices) == ([0], [1])
+    assert a.ids == ["GPU-uuid-0"] and (gpus / "fasttrain-gpu-GPU-uuid-0.lock").is_file()
+    a.release()
+    assert lease.acquire(1, timeout=0).indices == [0]
+
+
+def test_all_taken_fails_with_the_holders_when_no_wait_is_allowed(gpus):
+    held = [lease.acquire(1, timeout=0) for _ in range(3)]
+    with pytest.raises(FasttrainError, match=rf"no 1 free GPU.*GPU-uuid-2 \(pid {os.getpid()}\).*{gpus}"):
+        lease.acquire(1, timeout=0)
+    assert len(held) == 3
+
+
+def test_a_lease_of_several_gpus_is_all_or_nothing(gpus):
+    first = lease.acquire(2, timeout=0)
+    assert first.indices == [0, 1]
+    with pytest.raises(FasttrainError):
+        lease.acquire(2, timeout=0)  # one GPU is free: it must not stay locked by the failed attempt
+    assert lease.acquire(1, timeout=0).indices == [2]
+    with pytest.raises(FasttrainError, match="only 3 visible"):
+        lease.acquire(4, timeout=0)
+
+
+def test_a_run_waits_for_a_gpu_and_says_so(gpus, capsys):
+    held = [lease.acquire(1, timeout=0) for _ in range(3)]
+    threading.Timer(0.3, held[1].release).start()
+    start = time.monotonic()
+    got = lease.acquire(1, timeout=10)
+    assert got.indices == [1] and 0.2 < time.monotonic() - start < 5
+    assert "waiting for 1 free GPU(s)" in capsys.readouterr().err
+
+
+def test_a_timeout_from_the_environment(gpus, monkeypatch):
+    monkeypatch.setenv("FASTTRAIN_LEASE_TIMEOUT", "0.2")
+    held = [lease.acquire(1, timeout=0) for _ in range(3)]
+    with pytest.raises(FasttrainError, match=r"no 1 free GPU\(s\) after"):
+        lease.acquire(1)
+    assert len(held) == 3
+
+
+def test_leases_across_processes_end_with_the_process(gpus):
+    child = subprocess.Popen(
+        [sys.executable, "-c", FAKE_GPUS.format(n=3) + textwrap.dedent("""
+            import sys
+            from fasttrain import lease
+            print(lease.hold(1).indices[0], flush=True)
+            sys.stdin.read()  # holds the lease until killed
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert child.stdout.readline().strip() == "0"
+        mine = lease.acquire(1, timeout=0)
+        assert mine.indices == [1]
+        child.kill()  # SIGKILL: no cleanup code runs, the kernel drops the lock
+        child.wait(timeout=30)
+        assert lease.acquire(1, timeout=0).indices == [0]
+    finally:
+        child.kill()
+
+
+def test_device_auto_leases_for_single_and_dp_but_cuda_does_not(gpus):
+    other = lease.acquire(1, timeout=0)  # another run holds GPU 0
+    assert parallel.resolve_device("auto", lease_gpus=1) == torch.device("cuda", 1)
+    assert parallel.resolve_device("auto", lease_gpus=1) == torch.device("cuda", 1)  # held once per process
+    assert parallel.resolve_device("cuda", lease_gpus=1) == torch.device("cuda", 0)
+    assert parallel.resolve_device("cpu", lease_gpus=1) == torch.device("cpu")
+    assert other.indices == [0]
+
+
+def test_ddp_launcher_leases_its_workers_gpus(gpus, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("torch.distributed.run.run", lambda args: seen.update(
+        visible=os.environ["CUDA_VISIBLE_DEVICES"], nproc=args.nproc_per_node))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test
+    other = lease.acquire(1, timeout=0)
+    parallel.launch(["train"], nproc=2, device="auto")
+    assert seen == {"visible": "GPU-uuid-1,GPU-uuid-2", "nproc": "2"}
+    assert other.indices == [0]
