@@ -8,7 +8,7 @@ PARALLELS := single dp ddp
 PRECISIONS := fp32 autocast amp bf16
 TRAIN_TARGETS := $(foreach p,$(PARALLELS),$(foreach q,$(PRECISIONS),train-$(p)-$(q)))
 
-.PHONY: help setup demo test repro compare metrics plots tensorboard clean $(TRAIN_TARGETS)
+.PHONY: help setup demo test repro fast bench compare metrics plots tensorboard clean $(TRAIN_TARGETS)
 
 help:  ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,9 +25,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, in a scratch copy (.demo/)
 	rm -rf .demo && mkdir .demo
 	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t .demo
-	$(VENV)/bin/python -c 'import yaml; p = yaml.safe_load(open("params.yaml")); \
-	  [p[k].update(v) for k, v in yaml.safe_load(open("demo/params.yaml")).items()]; \
-	  yaml.safe_dump(p, open(".demo/params.yaml", "w"), sort_keys=False)'
+	$(VENV)/bin/python scripts/overlay.py params.yaml demo/params.yaml .demo/params.yaml
 	cd .demo && dvc config --local core.no_scm true && dvc repro
 
 test: setup  ## the test suite (unit + end-to-end), as CI runs it
@@ -39,6 +37,15 @@ repro: setup  ## the real pipeline with params.yaml
 $(TRAIN_TARGETS): train-%: setup  ## re-make one variant's training stage through DVC
 	dvc repro download
 	dvc repro --force --single-item train@$*
+
+fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
+	dvc exp run --temp $$($(VENV)/bin/python scripts/overlay.py --dvc-flags recipes/fast.yaml) \
+	  train@single-bf16 evaluate@single-bf16
+	dvc exp show --only-changed
+
+bench: setup  ## loaders vs compute ceiling vs bf16 peak, on the GPU (writes metrics/bench.json)
+	dvc repro download
+	fasttrain bench
 
 compare: setup  ## re-make and print the comparison table
 	dvc repro compare

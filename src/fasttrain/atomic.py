@@ -18,6 +18,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -30,6 +31,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it, so put it straight back
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

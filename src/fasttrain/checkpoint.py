@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import io
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -14,6 +14,12 @@ from fasttrain.errors import FasttrainError
 
 
 def save(obj, path: Path) -> None:
+    """Atomically, through a `.<name>.*.tmp` sibling. A SIGKILL or power cut mid-write can leave such
+    a temporary file behind (never a partial file under the real name); the next save of the same
+    path removes it. One writer per path is assumed: rank 0 of the one run of a variant."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic_write_bytes(path, buf.getvalue())
@@ -29,7 +35,7 @@ def load(path: Path, map_location="cpu") -> dict:
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FasttrainError(f"{path} is refused by torch.load(weights_only=True), not a fasttrain checkpoint: {first}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 (junk bytes fail as anything: EOFError, KeyError, zip errors, ...)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FasttrainError(f"{path} is not a readable checkpoint (truncated or corrupt?): {first}") from None
     if not isinstance(obj, dict) or "model" not in obj:

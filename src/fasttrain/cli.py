@@ -16,12 +16,14 @@ COMMANDS = {  # name -> module whose `main` is the click command
     "train": "fasttrain.train",
     "evaluate": "fasttrain.evaluate",
     "compare": "fasttrain.compare",
+    "bench": "fasttrain.bench",
 }
 SUMMARIES = {
     "download": "Fetch or read CIFAR-10 (or make the synthetic set) into data/dataset.pt.",
     "train": "Train one precision x parallel variant.",
     "evaluate": "Evaluate one variant's final model on the test set.",
     "compare": "Compare every variant against single-fp32.",
+    "bench": "Time the loaders against the compute ceiling and the bf16 peak.",
 }
 
 

@@ -52,6 +52,16 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
             "rows": rows}
 
 
+PLOT_COLUMNS = ("variant", "images_per_second", "peak_memory_mb", "epoch_seconds", "test_accuracy")
+
+
+def to_plot_csv(table: dict) -> str:
+    """One row per variant, for the bar charts of `dvc plots show`."""
+    lines = [",".join(PLOT_COLUMNS)]
+    lines += [",".join(str(r[k]) for k in PLOT_COLUMNS) for r in table["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def to_markdown(table: dict) -> str:
     head = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
     rule = "|" + "|".join("---" if k == "variant" else "---:" for k, _, _ in COLUMNS) + "|"
@@ -66,10 +76,11 @@ def to_markdown(table: dict) -> str:
 
 @click.command("compare")
 def main() -> None:
-    """Read every variant's metrics and write metrics/compare.md and metrics/compare.json."""
+    """Read every variant's metrics; write metrics/compare.md, metrics/compare.json and plots/compare.csv."""
     layout = Layout()
     table = compare(layout)
     markdown = to_markdown(table)
     atomic.atomic_write_json(layout.compare_json, table)
     atomic.atomic_write_text(layout.compare_md, markdown)
+    atomic.atomic_write_text(layout.compare_plot, to_plot_csv(table))
     click.echo(markdown)

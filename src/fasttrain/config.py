@@ -21,6 +21,7 @@ from fasttrain.errors import FasttrainError
 LOADERS = ("gpu", "torchvision")
 SCHEDULERS = ("plateau", "onecycle", "none")
 DEVICES = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class TrainConfig:
     device: str = "auto"  # auto: first GPU if any, else CPU
     channels_last: bool = False
     compile: bool = False  # torch.compile; its time is reported apart
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+    label_smoothing: float = 0.0  # cross-entropy label smoothing in training (evaluation loss never smooths)
     fused_adamw: bool = False  # fused AdamW kernel (CUDA only)
     cudnn_benchmark: bool = True
     log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
@@ -98,6 +101,8 @@ _RANGES = {
     ("train", "plateau_patience"): (lambda v: v >= 0, "an integer >= 0"),
     ("train", "nproc"): (lambda v: v is None or v >= 1, "null or an integer >= 1"),
     ("train", "device"): (lambda v: v in DEVICES, "one of " + ", ".join(DEVICES)),
+    ("train", "compile_mode"): (lambda v: v in COMPILE_MODES, "one of " + ", ".join(COMPILE_MODES)),
+    ("train", "label_smoothing"): (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("train", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
     ("evaluate", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),

@@ -186,7 +186,9 @@ def _download(url: str, raw_dir: Path, filename: str, md5: str) -> Path:
         download_url(url, str(raw_dir), filename, md5=md5)
     except RuntimeError as e:
         if path.is_file() and "corrupted" in str(e):  # torchvision's wording for an md5 mismatch
-            raise FasttrainError(_md5_mismatch(url, md5, calculate_md5(path))) from None
+            got = calculate_md5(path)
+            path.unlink()  # what we just fetched is not what was asked for: keep nothing of it
+            raise FasttrainError(_md5_mismatch(url, md5, got)) from None
         raise FasttrainError(f"could not download {url}: {_one_line(e)}") from None
     except OSError as e:  # URLError, HTTPError, connection refused, ...
         raise FasttrainError(f"could not download {url}: {_one_line(e)}") from None

@@ -53,3 +53,7 @@ class Layout:
     @property
     def compare_json(self) -> Path:
         return self.root / "metrics" / "compare.json"
+
+    @property
+    def compare_plot(self) -> Path:
+        return self.root / "plots" / "compare.csv"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fasttrain import lease
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import PARALLELS
 
@@ -71,12 +73,16 @@ def check_nproc(nproc: int, device_type: str) -> None:
                              f"set train.nproc to at most {gpus} or null")
 
 
-def launch(module_argv: list[str], nproc: int, max_restarts: int = 0) -> None:
+def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: str = "cuda") -> None:
     """Re-run this command under torchrun (torch.distributed.run) with `nproc` workers.
 
     `--standalone` gives a local c10d rendezvous on a free port, so two runs on one machine never
     collide. Raises FasttrainError naming the failed rank when the workers fail for good.
+    With `device` auto and GPUs, this launcher leases `nproc` GPUs for its workers (they see only
+    those, local rank i on the i-th) and holds them while torchrun runs, restarts included.
     """
+    if device == "auto" and torch.cuda.is_available():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(lease.hold(nproc).ids)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -86,6 +92,10 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0) -> None:
     ])
     # torchrun would set 1 thread per worker and print a banner saying so; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # The agent's shared TCPStore outlives a restart with the last attempt's keys in it, so restarted
+    # workers may read dead peers' addresses and hang or fail (pytorch/pytorch#135712, still so in
+    # torch 2.14): let each attempt's rank 0 host a fresh store instead.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         run(args)
     except ChildFailedError as e:
@@ -94,18 +104,25 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0) -> None:
                              f"after {max_restarts} restart(s); see its output above") from None
 
 
-def resolve_device(requested: str) -> torch.device:
+def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:
+    """cpu or cuda:0; under `auto` with `lease_gpus` > 0, the first of that many GPUs that no other
+    fasttrain run holds, kept for this process's lifetime (lease.py). `cuda` never leases."""
     if requested == "cuda" and not torch.cuda.is_available():
         raise FasttrainError("train.device = cuda but no GPU is visible: use auto or cpu")
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
+    if requested == "auto" and lease_gpus:
+        return torch.device("cuda", lease.hold(lease_gpus).indices[0])
     return torch.device("cuda", 0)
 
 
 def setup(parallel: str, device: str = "auto") -> Runtime:
     if parallel not in PARALLELS:
         raise FasttrainError(f"unknown parallel variant '{parallel}': choose {', '.join(PARALLELS)}")
-    base = resolve_device(device)
+    # single leases one GPU, dp all it spreads over (nn.DataParallel takes every visible GPU); ddp
+    # workers use the GPUs their launcher leased for them (launch), or all under a user's torchrun.
+    gpus = {"single": 1, "dp": torch.cuda.device_count()}.get(parallel, 0)
+    base = resolve_device(device, lease_gpus=gpus)
     if parallel != "ddp":
         rt = Runtime(parallel, base)
         if parallel == "dp" and base.type != "cuda":
@@ -178,6 +195,22 @@ def all_reduce(t: torch.Tensor, rt: Runtime, op: str = "sum") -> torch.Tensor:
     if rt.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return t
+
+
+def inject_fault(rt: Runtime, epoch: int, step: int) -> None:
+    """Test hook, for the restart tests only (no param: it must never be set by accident).
+
+    FASTTRAIN_FAULT_KILL_RANK_AT="<rank>:<epoch>:<step>" makes that rank SIGKILL itself at that
+    1-based epoch and step, on torchrun's first attempt only; a fourth field "always" kills it on
+    every attempt, so the restart budget runs out.
+    """
+    spec = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
+    if not spec:
+        return
+    rank, at_epoch, at_step, *always = spec.split(":")
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if (int(rank), int(at_epoch), int(at_step)) == (rt.rank, epoch, step) and (first_attempt or always == ["always"]):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def teardown(rt: Runtime) -> None:

@@ -7,6 +7,7 @@ what autocast and the GradScaler do. It never branches on the variant's name.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import random
 import shutil
@@ -14,10 +15,10 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import click
 import torch
-import torch.nn.functional as F
 
 from fasttrain import checkpoint, config, parallel
 from fasttrain.data import load_dataset
@@ -25,8 +26,10 @@ from fasttrain.errors import FasttrainError
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_eval_loader, make_train_loader
-from fasttrain.models import build_model, check_img_size
-from fasttrain.precision import AutocastForward, Precision
+from fasttrain.engine import build_trainable, synchronize, train_step, warm_up
+from fasttrain.models import check_img_size
+from fasttrain.precision import Precision
+from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
 
 
@@ -55,11 +58,6 @@ def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
     if rt.device.type == "cuda":
         return torch.cuda.max_memory_allocated(rt.device) / 2**20, "cuda_max_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, "cpu_max_rss"
-
-
-def synchronize(rt: parallel.Runtime) -> None:
-    if rt.device.type == "cuda":
-        torch.cuda.synchronize(rt.device)
 
 
 def rng_state() -> dict:
@@ -118,10 +116,36 @@ def _state_from_dict(d: dict) -> TrainState:
     return TrainState(d["epoch"], d["global_step"], [EpochRecord(**r) for r in d["history"]], d["skipped_steps"])
 
 
+def checkpoint_to_resume(path: Path, digest: str, rt: parallel.Runtime, explicit: bool) -> dict | None:
+    """The training checkpoint to resume from, or None for a fresh run.
+
+    A finished run found in checkpoints/ is not resumed (re-running a stage measures it again), and
+    it may come from any config; an unfinished one from another config is refused rather than
+    silently thrown away. A checkpoint named with --resume must exist, load and be unfinished.
+    """
+    if not explicit and not path.exists():
+        return None
+    ckpt = checkpoint.load(path, map_location=rt.device)  # missing, corrupt, or code in it: an error
+    missing = sorted({"optimizer", "scaler", "state", "rng", "config", "config_hash"} - set(ckpt))
+    if missing:
+        raise FasttrainError(f"{path} is not a training checkpoint (no {', '.join(missing)}): "
+                             f"a final model cannot be resumed; use checkpoints/<variant>/last.pt")
+    done, planned = ckpt["state"]["epoch"], ckpt["config"]["train"]["epochs"]
+    if done >= planned:
+        if explicit:
+            raise FasttrainError(f"{path} is a finished run ({done} of {planned} epochs): nothing to resume")
+        return None
+    if ckpt["config_hash"] != digest:
+        raise FasttrainError(f"{path} is from another config (hash {ckpt['config_hash']}, now {digest}): "
+                             f"delete it to start afresh, or restore the params it was made with")
+    return ckpt
+
+
 def train(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout,
-          log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+          log=lambda msg: print(msg, file=sys.stderr, flush=True), resume: Path | None = None) -> dict:
     """Train one variant; writes checkpoints, the final model, TensorBoard logs, the per-epoch table
-    and the metrics (rank 0 only). Returns the metrics."""
+    and the metrics (rank 0 only). Resumes from `resume`, or else from the variant's unfinished
+    last checkpoint. Returns the metrics."""
     cfg, variant = params.train, f"{rt.parallel}-{precision.name}"
     if not rt.is_main:
         log = lambda msg: None  # noqa: E731 (one run, one log)
@@ -133,19 +157,9 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
 
     random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
-    model = build_model(params.model.name, len(dataset.classes)).to(rt.device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    raw = parallel.prepare_model(model, rt, cfg.sync_bn)
-    net = parallel.wrap(AutocastForward(raw, precision), rt)
-    if cfg.compile:
-        net = torch.compile(net)
+    trainable = build_trainable(params, precision, rt, len(dataset.classes))
+    raw, net, optimizer, scaler = trainable.raw, trainable.net, trainable.optimizer, trainable.scaler
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
-
-    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                  fused=cfg.fused_adamw and dev == "cuda")
-    scaler = precision.scaler(dev)
     per_rank_batch = cfg.batch_size // rt.world_size
     loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
                        workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
@@ -159,20 +173,17 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
 
     state = TrainState()
     ckpt_path = layout.checkpoint_dir(variant) / "last.pt"
-    if ckpt_path.exists():
-        ckpt = checkpoint.load(ckpt_path, map_location=rt.device)
-        if ckpt.get("config_hash") != digest:
-            raise FasttrainError(f"{ckpt_path} is from another config (hash {ckpt.get('config_hash')}, now {digest}): "
-                                 f"delete it to start afresh, or restore the params it was made with")
-        if ckpt["state"]["epoch"] < cfg.epochs:
-            raw.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scaler.load_state_dict(ckpt["scaler"])
-            if scheduler is not None:
-                scheduler.load_state_dict(ckpt["scheduler"])
-            state = _state_from_dict(ckpt["state"])
-            set_rng_state(ckpt["rng"][rt.rank])
-            log(f"{variant}: resuming from {ckpt_path} after epoch {state.epoch}")
+    resume_from = resume or ckpt_path
+    ckpt = checkpoint_to_resume(resume_from, digest, rt, explicit=resume is not None)
+    if ckpt is not None:
+        raw.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        if scheduler is not None:
+            scheduler.load_state_dict(ckpt["scheduler"])
+        state = _state_from_dict(ckpt["state"])
+        set_rng_state(ckpt["rng"][rt.rank])
+        log(f"{variant}: resuming from {resume_from} after epoch {state.epoch}")
 
     writer = None
     if rt.is_main:
@@ -182,6 +193,14 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
             shutil.rmtree(layout.tensorboard(variant), ignore_errors=True)
         writer = SummaryWriter(str(layout.tensorboard(variant)), purge_step=state.global_step or None)
 
+    compile_seconds = None
+    if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
+        shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
+        compile_seconds = warm_up(trainable, precision, shapes, cfg.img_size, len(dataset.classes),
+                                  cfg.channels_last, rt.device)
+        log(f"{variant}: compiled in {compile_seconds:.1f} s")
+
+    progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
     for epoch in range(state.epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
         net.train()
@@ -190,36 +209,32 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         first_bad = torch.full((), -1, device=rt.device, dtype=torch.int64)
         skipped = torch.zeros((), device=rt.device, dtype=torch.int64)
         images = 0
-        synchronize(rt)
+        progress.start_epoch(epoch)
+        synchronize(rt.device)
         start = time.perf_counter()
         for step, (x, y) in enumerate(train_loader):
-            with precision.autocast(dev):
-                loss = F.cross_entropy(net(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            # GradScaler halves its scale on every step it skips; comparing the (private) scale
-            # tensor on the device counts skips without a host sync.
-            before = scaler._scale.clone() if scaler.is_enabled() else None
-            scaler.step(optimizer)
-            scaler.update()
-            if before is not None:
-                skipped += (scaler._scale < before).long()
+            parallel.inject_fault(rt, epoch + 1, step + 1)
+            loss, step_skipped = train_step(trainable, precision, x, y)
+            if step_skipped is not None:
+                skipped += step_skipped.long()
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
                 scheduler.step()
             # Accumulate on the device: a .item() per step would stall the GPU queue.
-            finite = torch.isfinite(loss.detach())
-            loss_sum += torch.where(finite, loss.detach().double(), 0.0) * y.shape[0]
+            finite = torch.isfinite(loss)
+            loss_sum += torch.where(finite, loss.double(), 0.0) * y.shape[0]
             bad_steps += (~finite).long()
             first_bad = torch.where((first_bad < 0) & ~finite, step, first_bad)
             images += y.shape[0]
             state.global_step += 1
+            progress.step(y.shape[0] * rt.world_size, loss)  # reads the loss only when a refresh is due
             if writer is not None and state.global_step % cfg.log_every_steps == 0:
                 writer.add_scalar("train/loss", loss.item(), state.global_step)
                 writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], state.global_step)
                 if scaler.is_enabled():
                     writer.add_scalar("train/loss_scale", scaler.get_scale(), state.global_step)
-        synchronize(rt)
+        synchronize(rt.device)
         seconds = time.perf_counter() - start
+        progress.end_epoch()
 
         totals = torch.stack([loss_sum, torch.tensor(images, dtype=torch.float64, device=rt.device),
                               bad_steps.double(), skipped.double()])
@@ -252,6 +267,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
     metrics = _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler,
                        time.perf_counter() - wall_start)
+    metrics["compile_seconds"] = None if compile_seconds is None else round(compile_seconds, 3)
     if rt.is_main:
         checkpoint.save({"model": raw.state_dict(), "config": resolved, "classes": dataset.classes,
                          "variant": variant}, layout.model(variant))
@@ -259,9 +275,15 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         checkpoint.atomic_write_json(layout.train_metrics(variant), metrics)
         writer.add_hparams({"parallel": rt.parallel, "precision": precision.name, "model": params.model.name,
                             "batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
-                            "img_size": cfg.img_size, "loader": params.data.loader},
+                            "img_size": cfg.img_size, "loader": params.data.loader,
+                            "world_size": rt.world_size, "device": rt.device_name, "seed": cfg.seed,
+                            "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "compile": cfg.compile},
                            {"hparam/images_per_second": metrics["images_per_second"],
-                            "hparam/final_train_loss": metrics["final_train_loss"]}, run_name=".")
+                            "hparam/epoch_seconds": metrics["epoch_seconds"],
+                            "hparam/peak_memory_mb": metrics["peak_memory_mb"],
+                            "hparam/final_train_loss": metrics["final_train_loss"],
+                            "hparam/final_test_accuracy": metrics["final_test_accuracy"]},
+                           run_name=".")  # "." keeps the hparams in the variant's own run folder
         writer.close()
     parallel.barrier(rt)
     return metrics
@@ -325,7 +347,14 @@ def _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler, wall_s
 
 @click.command("train")
 @variant_options
-def main(parallel_name: str, precision_name: str, params_path: str) -> None:
+@click.option("--resume", "resume_path", default=None, type=click.Path(dir_okay=False),
+              help="Resume from this checkpoint: an error if it is missing, corrupt, finished or from another "
+                   "config. Without it, train resumes from checkpoints/<variant>/last.pt if that run is unfinished.")
+def main(parallel_name: str, precision_name: str, params_path: str, resume_path: str | None) -> None:
     """Train one variant with the `train:` params; writes models/, metrics/train/, plots/train/, tensorboard/."""
-    run_variant("train", train, parallel_name, precision_name, params_path, check=check_train,
-                max_restarts=config.load(params_path).train.max_restarts)
+    resume = Path(resume_path).resolve() if resume_path else None
+    if resume is not None and not resume.is_file():  # before any worker starts
+        raise FasttrainError(f"checkpoint not found: {resume_path}")
+    run_variant("train", functools.partial(train, resume=resume), parallel_name, precision_name, params_path,
+                check=check_train, max_restarts=config.load(params_path).train.max_restarts,
+                extra_argv=("--resume", str(resume)) if resume else ())

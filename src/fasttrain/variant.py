@@ -39,16 +39,17 @@ def world_size_for(params: config.Params, parallel_name: str) -> int:
 
 
 def run_variant(command: str, fn, parallel_name: str, precision_name: str, params_path: str,
-                check=None, max_restarts: int = 0) -> None:
+                check=None, max_restarts: int = 0, extra_argv: tuple[str, ...] = ()) -> None:
     """Validate (`check(params, world_size)`), then either run `fn(params, precision, runtime, layout)`
-    here or start ddp workers that run this same command under torchrun."""
+    here or start ddp workers that run this same command (plus `extra_argv`) under torchrun."""
     params = config.load(params_path)
     world_size = world_size_for(params, parallel_name)
     if check is not None:
         check(params, world_size)
     if parallel_name == "ddp" and not parallel.under_torchrun():
         parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
-                         "--params", str(Path(params_path).resolve())], world_size, max_restarts)
+                         "--params", str(Path(params_path).resolve()), *extra_argv], world_size, max_restarts,
+                        device=params.train.device)
         return
     rt = parallel.setup(parallel_name, params.train.device)
     parallel.silence_non_main(rt)

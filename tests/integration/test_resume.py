@@ -1,0 +1,349 @@
+"""Nothing lost: atomic checkpoints, exact resume, torchrun restarts (issue 4, tests 1-6).
+
+Real processes and real signals: `fasttrain` and `dvc` run as subprocesses in scratch copies of the
+repo, and are killed with SIGKILL or interrupted with SIGINT the way a crash or a Ctrl-C would.
+"""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from scratch import BIN, TINY, copy_repo, run, set_params
+
+from fasttrain import checkpoint, config, engine, parallel
+from fasttrain.errors import FasttrainError
+from fasttrain.layout import Layout
+from fasttrain.precision import PRECISIONS
+from fasttrain.train import train
+
+# Three epochs of 16 steps: long enough to be killed mid-epoch, short enough to run three times.
+RESUMABLE = {
+    "data": {"synthetic_train_size": 512, "augment": True},
+    "train": {"epochs": 3, "scheduler": "plateau", "plateau_patience": 0, "plateau_factor": 0.5},
+}
+SIGKILLED = -signal.SIGKILL
+
+
+def env() -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+
+
+def scratch_repo(path: Path, *overrides: dict) -> Path:
+    repo = copy_repo(path)
+    for o in (TINY, *overrides):
+        set_params(repo, o)
+    return repo
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def final_model(repo: Path, variant: str) -> dict:
+    return torch.load(repo / "models" / f"{variant}.pt", weights_only=True)["model"]
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def per_epoch(repo: Path, variant: str) -> list[tuple[str, str, str]]:
+    """The per-epoch table without its timings: epoch, loss, accuracy, lr."""
+    with open(repo / "plots" / "train" / f"{variant}.csv") as f:
+        return [(r["epoch"], r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
+
+
+def train_metrics(repo: Path, variant: str) -> dict:
+    return json.loads((repo / "metrics" / "train" / f"{variant}.json").read_text())
+
+
+# --- 1. SIGKILL mid-epoch, then resume: the same result as an uninterrupted run -------------------
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(tmp_path):
+    whole = scratch_repo(tmp_path / "whole", RESUMABLE)
+    run(["fasttrain", "download"], whole)
+    run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], whole)
+
+    killed = scratch_repo(tmp_path / "killed", RESUMABLE)
+    run(["fasttrain", "download"], killed)
+    ckpt = killed / "checkpoints" / "single-fp32" / "last.pt"
+    log = killed / "train.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"],
+                                cwd=killed, env=env(), stdout=subprocess.DEVNULL, stderr=err)
+    wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")
+    first_epoch_seconds = float(log.read_text().split("epoch 1/3")[1].split(" s ")[0].split()[-1])
+    time.sleep(first_epoch_seconds / 3)  # inside epoch 2, unless the machine is very busy
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == SIGKILLED
+    done = checkpoint.load(ckpt)["state"]["epoch"]
+    assert done in (1, 2) and not (killed / "models" / "single-fp32.pt").exists()
+
+    again = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], killed)
+    assert f"resuming from checkpoints/single-fp32/last.pt after epoch {done}" in again.stderr
+    assert f"epoch {done}/3" not in again.stderr and "epoch 3/3" in again.stderr
+
+    assert_same_state(final_model(killed, "single-fp32"), final_model(whole, "single-fp32"))
+    assert per_epoch(killed, "single-fp32") == per_epoch(whole, "single-fp32")
+    a, b = train_metrics(killed, "single-fp32"), train_metrics(whole, "single-fp32")
+    for key in ("epochs", "final_train_loss", "final_test_accuracy", "grad_scaler_skipped_steps"):
+        assert a[key] == b[key], key
+    assert len(a["epoch_seconds_each"]) == 3
+    # The optimizer and scheduler went on exactly where they stopped, too.
+    ca, cb = checkpoint.load(ckpt), checkpoint.load(whole / "checkpoints" / "single-fp32" / "last.pt")
+    assert ca["scheduler"] == cb["scheduler"] and ca["state"]["global_step"] == cb["state"]["global_step"]
+    for sa, sb in zip(ca["optimizer"]["state"].values(), cb["optimizer"]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- 2. An interrupted save leaves the previous checkpoint intact --------------------------------
+
+def _checkpoint(marker: int, mb: int = 1) -> dict:
+    return {"model": {"w": torch.full((mb * 2**18,), float(marker))}, "marker": marker}
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != "last.pt")
+
+
+@pytest.mark.parametrize("fail_in", ["write", "fsync", "replace"])
+def test_an_exception_inside_the_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, fail_in):
+    path = tmp_path / "last.pt"
+    checkpoint.save(_checkpoint(1), path)
+    real_fdopen = os.fdopen
+
+    class HalfWritten:  # writes half of what it is given, then the disk is full
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    target = {"write": ("fdopen", lambda *a, **k: HalfWritten(real_fdopen(*a, **k))),
+              "fsync": ("fsync", boom), "replace": ("replace", boom)}[fail_in]
+    monkeypatch.setattr(f"fasttrain.atomic.os.{target[0]}", target[1])
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(_checkpoint(2), path)
+    monkeypatch.undo()
+
+    assert checkpoint.load(path)["marker"] == 1
+    assert _leftovers(tmp_path) == []
+
+
+_WRITER = textwrap.dedent("""
+    import os, sys, time, torch
+    from fasttrain import atomic, checkpoint
+    path, mode = sys.argv[1], sys.argv[2]
+    if mode == "half":  # stop for good half-way through writing the bytes, and say so
+        real_fdopen = os.fdopen
+        class Half:
+            def __init__(self, f): self.f = f
+            def __enter__(self): return self
+            def __exit__(self, *exc): self.f.close()
+            def fileno(self): return self.f.fileno()
+            def write(self, data):
+                self.f.write(data[: len(data) // 2]); self.f.flush()
+                print("half written", flush=True)
+                time.sleep(600)
+        atomic.os.fdopen = lambda *a, **k: Half(real_fdopen(*a, **k))
+        checkpoint.save({"model": {"w": torch.full((2**24,), 2.0)}, "marker": 2}, path)
+    else:  # save big checkpoints back to back until killed
+        print("saving", flush=True)
+        for i in range(2, 10**6):
+            checkpoint.save({"model": {"w": torch.full((2**25,), float(i))}, "marker": i}, path)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["half", "loop"])
+def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode):
+    """`half`: killed at a known point, half-way through the bytes; `loop`: killed at whatever point
+    a stream of 128 MB saves has reached. Either way the checkpoint under the real name is a whole
+    one; a temporary `.last.pt.*.tmp` may be left behind and the next save removes it."""
+    path = tmp_path / "last.pt"
+    checkpoint.save(_checkpoint(1), path)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), mode], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() in ("half written", "saving")
+    if mode == "loop":
+        time.sleep(1.5)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == SIGKILLED
+
+    saved = checkpoint.load(path)
+    assert saved["marker"] == 1 if mode == "half" else saved["marker"] >= 1
+    assert torch.equal(saved["model"]["w"], torch.full_like(saved["model"]["w"], float(saved["marker"])))
+    left = _leftovers(tmp_path)
+    assert all(n.startswith(".last.pt.") and n.endswith(".tmp") for n in left), left
+    if mode == "half":
+        assert len(left) == 1
+
+    checkpoint.save(_checkpoint(3), path)
+    assert checkpoint.load(path)["marker"] == 3
+    assert _leftovers(tmp_path) == []
+
+
+# --- NaN loss: stop naming epoch and step, keep the last good checkpoint ---------------------------
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    from fasttrain.data import make_synthetic, save_dataset
+
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "device": "cpu"}})
+    real_step, steps = engine.train_step, []
+
+    def poisoned(t, precision, x, y):
+        loss, skipped = real_step(t, precision, x, y)
+        steps.append(1)
+        return (loss * float("nan") if len(steps) == 4 else loss), skipped  # epoch 2, step 2
+
+    monkeypatch.setattr("fasttrain.train.train_step", poisoned)
+    rt = parallel.setup("single", "cpu")
+    with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 2") as e:
+        train(params, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)
+    assert "\n" not in str(e.value)
+    assert checkpoint.load(layout.checkpoint_dir("single-fp32") / "last.pt")["state"]["epoch"] == 1
+    assert not layout.model("single-fp32").exists() and not layout.train_metrics("single-fp32").exists()
+
+
+# --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
+
+RESTARTABLE = {"train": {"epochs": 3, "max_restarts": 1}}
+
+
+@pytest.mark.slow
+def test_ddp_worker_killed_once_is_restarted_and_the_run_completes(tmp_path, monkeypatch):
+    repo = scratch_repo(tmp_path / "repo", RESTARTABLE)
+    run(["fasttrain", "download"], repo)
+    monkeypatch.setenv("FASTTRAIN_FAULT_KILL_RANK_AT", "1:2:2")  # rank 1 SIGKILLs itself at epoch 2, step 2, once
+    done = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600)
+    monkeypatch.delenv("FASTTRAIN_FAULT_KILL_RANK_AT")
+    assert "resuming from checkpoints/ddp-fp32/last.pt after epoch 1" in done.stderr
+    m = train_metrics(repo, "ddp-fp32")
+    assert m["epochs"] == 3 and len(m["epoch_seconds_each"]) == 3 and m["world_size"] == 2
+    assert [e for e, *_ in per_epoch(repo, "ddp-fp32")] == ["1", "2", "3"]
+
+    # ... and to the same weights as a run nobody killed.
+    whole = scratch_repo(tmp_path / "whole", RESTARTABLE)
+    shutil.copytree(repo / "data", whole / "data")
+    run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], whole, timeout=600)
+    assert_same_state(final_model(repo, "ddp-fp32"), final_model(whole, "ddp-fp32"))
+    assert per_epoch(repo, "ddp-fp32") == per_epoch(whole, "ddp-fp32")
+
+
+@pytest.mark.slow
+def test_ddp_worker_that_dies_every_time_fails_the_run_once_restarts_are_used_up(tmp_path, monkeypatch):
+    repo = scratch_repo(tmp_path / "repo", RESTARTABLE)
+    run(["fasttrain", "download"], repo)
+    monkeypatch.setenv("FASTTRAIN_FAULT_KILL_RANK_AT", "1:1:1:always")
+    failed = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600, check=False)
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("fasttrain: error: ddp worker rank 1 failed") and "after 1 restart(s)" in last, last
+    assert not (repo / "models" / "ddp-fp32.pt").exists()
+    assert not (repo / "metrics" / "train" / "ddp-fp32.json").exists()
+
+
+# --- 4. Ctrl-C during `dvc repro`, then `dvc repro` again ------------------------------------------
+
+@pytest.mark.slow
+def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
+    repo = scratch_repo(tmp_path / "repo", RESUMABLE)
+    ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
+    # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
+    proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=env(), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out
+    assert not (repo / "models" / "single-fp32.pt").exists()
+
+    again = run(["dvc", "repro", "train@single-fp32"], repo)
+    output = again.stdout + again.stderr
+    assert "resuming from checkpoints/single-fp32/last.pt" in output
+    assert train_metrics(repo, "single-fp32")["epochs"] == 3
+    assert "Running stage" not in run(["dvc", "repro", "train@single-fp32"], repo).stdout
+
+
+# --- 5. ddp evaluation counts every test image once, whatever the world size ------------------------
+
+@pytest.mark.slow
+def test_ddp_evaluation_is_identical_at_world_sizes_1_2_and_3(tmp_path):
+    # 49 test images: divisible by neither 2 nor 3; batches of 8 leave ragged last batches. A barely
+    # trained resnet18 spreads its predictions over several classes (a few CPU epochs from scratch do
+    # not), with top-2 logit margins far above what batch composition changes in fp32.
+    repo = scratch_repo(tmp_path / "repo", {"data": {"synthetic_test_size": 49, "synthetic_train_size": 64},
+                                            "model": {"name": "resnet18"}, "train": {"lr": 1e-6},
+                                            "evaluate": {"batch_size": 8}})
+    run(["fasttrain", "download"], repo)
+    run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo)
+    shutil.copy(repo / "models" / "single-fp32.pt", repo / "models" / "ddp-fp32.pt")
+
+    run(["fasttrain", "evaluate", "--parallel", "single", "--precision", "fp32"], repo)
+    results = {1: json.loads((repo / "metrics" / "eval" / "single-fp32.json").read_text())}
+    for nproc in (2, 3):
+        set_params(repo, {"train": {"nproc": nproc}})
+        run(["fasttrain", "evaluate", "--parallel", "ddp", "--precision", "fp32"], repo)
+        results[nproc] = json.loads((repo / "metrics" / "eval" / "ddp-fp32.json").read_text())
+
+    assert [r["world_size"] for r in results.values()] == [1, 2, 3]
+    one = results[1]
+    assert one["test_images"] == 49 and sum(map(sum, one["confusion_matrix"])) == 49
+    assert sum(1 for col in zip(*one["confusion_matrix"]) if sum(col)) > 1, "a model that predicts one class"
+    for r in results.values():
+        assert r["test_images"] == 49
+        assert r["confusion_matrix"] == one["confusion_matrix"]
+        assert r["test_accuracy"] == one["test_accuracy"]
+        assert r["test_loss"] == pytest.approx(one["test_loss"], rel=1e-5)
+
+
+# --- 6. dp and ddp checkpoints are bare torchvision state_dicts -------------------------------------
+
+@pytest.mark.slow
+def test_dp_and_ddp_models_load_into_a_bare_torchvision_alexnet_strictly(tmp_path):
+    repo = scratch_repo(tmp_path / "repo", {
+        "data": {"synthetic_train_size": 16, "synthetic_test_size": 10},
+        "model": {"name": "alexnet"}, "train": {"img_size": 63, "batch_size": 16},
+    })
+    run(["fasttrain", "download"], repo)
+    for parallel_name in ("dp", "ddp"):
+        run(["fasttrain", "train", "--parallel", parallel_name, "--precision", "fp32"], repo)
+        for state in (final_model(repo, f"{parallel_name}-fp32"),
+                      checkpoint.load(repo / "checkpoints" / f"{parallel_name}-fp32" / "last.pt")["model"]):
+            bare = torchvision.models.get_model("alexnet", weights=None, num_classes=10)
+            assert bare.load_state_dict(state, strict=True).missing_keys == []
