@@ -9,17 +9,19 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temporary file in the same folder, flush + fsync, then os.replace: the old file or the new one."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` into a temporary file in the same folder, flush + fsync, then os.replace: the old
+    file or the new one, never a partial one, under `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,6 +33,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
 
 
 def _umask() -> int:

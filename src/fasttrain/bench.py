@@ -162,7 +162,7 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
         row = run_case(params, case, dataset, rt, warmup_steps=warmup_steps, min_steps=min_steps,
                        min_seconds=min_seconds, log=log)
         for result in row["paths"].values():
-            result["model_flop_utilisation"] = round(result["images_per_second"] * flops / 1e12 / peak, 4)
+            result["model_flop_utilisation"] = float(f"{result['images_per_second'] * flops / 1e12 / peak:.4g}")
         rows.append(row)
     return {
         "device": rt.device_name, "torch_version": torch.__version__, "world_size": 1,

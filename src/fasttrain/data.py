@@ -16,7 +16,6 @@ import os
 import pickle
 import sys
 import tarfile
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -35,6 +34,7 @@ try:  # deprecated since torchvision 0.29 (moving to TorchCodec); PIL alone stil
 except ImportError:  # pragma: no cover
     decode_image = None
 
+from fasttrain.atomic import atomic_write
 from fasttrain.errors import FasttrainError
 
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"  # official cifar-10-python.tar.gz
@@ -119,23 +119,7 @@ def save_dataset(ds: Dataset, path: Path) -> None:
     obj = {"format": FORMAT, "train_images": ds.train_images.contiguous(), "train_labels": ds.train_labels,
            "test_images": ds.test_images.contiguous(), "test_labels": ds.test_labels,
            "classes": list(ds.classes), "source": ds.source}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_dataset(path: Path) -> Dataset:
@@ -537,12 +521,6 @@ def _synthetic_images(labels: torch.Tensor, size: int, gen: torch.Generator) -> 
 
 
 # --- small helpers -----------------------------------------------------------------------------
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it, so put it straight back
-    os.umask(mask)
-    return mask
-
 
 def _one_line(e: BaseException | str) -> str:
     text = " ".join(str(e).split())

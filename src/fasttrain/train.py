@@ -242,8 +242,12 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         seconds_t = parallel.all_reduce(torch.tensor([seconds], device=rt.device), rt, op="max")
         seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
         if bad and not (scaler.is_enabled() and bad <= skip):
-            raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {int(first_bad.clamp(min=0)) + 1} "
-                                 f"({bad} step(s)); the last good checkpoint is {ckpt_path}")
+            # the earliest bad step over all ranks (every rank gets here: `bad` is summed over them)
+            earliest = torch.where(first_bad < 0, torch.iinfo(torch.int64).min, -first_bad)
+            step_no = 1 - int(parallel.all_reduce(earliest, rt, op="max"))
+            kept = f"the last good checkpoint is {ckpt_path}" if state.epoch else "no checkpoint was written yet"
+            raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
+                                 f"({bad} step(s)); {kept}")
         epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
         state.skipped_steps += skip
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-
 from scratch import BIN, TINY, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
@@ -30,7 +29,8 @@ from fasttrain.train import train
 # Three epochs of 16 steps: long enough to be killed mid-epoch, short enough to run three times.
 RESUMABLE = {
     "data": {"synthetic_train_size": 512, "augment": True},
-    "train": {"epochs": 3, "scheduler": "plateau", "plateau_patience": 0, "plateau_factor": 0.5},
+    "train": {"epochs": 3, "scheduler": "plateau", "plateau_patience": 0, "plateau_factor": 0.5,
+              "device": "cpu"},  # bit-exact comparisons: the CPU, even on a machine with GPUs
 }
 SIGKILLED = -signal.SIGKILL
 
@@ -63,8 +63,8 @@ def final_model(repo: Path, variant: str) -> dict:
 
 def assert_same_state(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    for k, v in a.items():
+        assert torch.equal(v, b[k]), k
 
 
 def per_epoch(repo: Path, variant: str) -> list[tuple[str, str, str]]:
@@ -242,7 +242,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
 
 # --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
 
-RESTARTABLE = {"train": {"epochs": 3, "max_restarts": 1}}
+RESTARTABLE = {"train": {"epochs": 3, "max_restarts": 1, "device": "cpu", "nproc": 2}}  # gloo, GPUs or not
 
 
 @pytest.mark.slow
@@ -308,7 +308,7 @@ def test_ddp_evaluation_is_identical_at_world_sizes_1_2_and_3(tmp_path):
     # trained resnet18 spreads its predictions over several classes (a few CPU epochs from scratch do
     # not), with top-2 logit margins far above what batch composition changes in fp32.
     repo = scratch_repo(tmp_path / "repo", {"data": {"synthetic_test_size": 49, "synthetic_train_size": 64},
-                                            "model": {"name": "resnet18"}, "train": {"lr": 1e-6},
+                                            "model": {"name": "resnet18"}, "train": {"lr": 1e-6, "device": "cpu"},
                                             "evaluate": {"batch_size": 8}})
     run(["fasttrain", "download"], repo)
     run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo)

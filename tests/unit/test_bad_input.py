@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import io
-import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
+import test_data
 import torch
 import yaml
-
-from test_data import _md5, _tar_gz, http_root, image_folder_files, make_cifar_tgz  # noqa: F401 (fixture)
+from test_data import _md5, _tar_gz, image_folder_files, make_cifar_tgz
 
 from fasttrain import cli, parallel
 from fasttrain.data import make_synthetic, save_dataset
 from fasttrain.errors import FasttrainError
+
+http_root = test_data.http_root  # the fixture: an HTTP server on 127.0.0.1
 
 VALID = {  # tiny and valid: every case breaks exactly one thing
     "data": {"source": "synthetic", "synthetic_train_size": 32, "synthetic_test_size": 10, "workers": 0,
