@@ -7,6 +7,7 @@ wrapped model and never asks which variant it runs.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import signal
 import sys
@@ -197,19 +198,25 @@ def all_reduce(t: torch.Tensor, rt: Runtime, op: str = "sum") -> torch.Tensor:
     return t
 
 
+@functools.cache
+def _fault_spec() -> tuple[int, int, int, bool] | None:
+    spec = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
+    if not spec:
+        return None
+    rank, at_epoch, at_step, *always = spec.split(":")
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    return int(rank), int(at_epoch), int(at_step), first_attempt or always == ["always"]
+
+
 def inject_fault(rt: Runtime, epoch: int, step: int) -> None:
     """Test hook, for the restart tests only (no param: it must never be set by accident).
 
     FASTTRAIN_FAULT_KILL_RANK_AT="<rank>:<epoch>:<step>" makes that rank SIGKILL itself at that
     1-based epoch and step, on torchrun's first attempt only; a fourth field "always" kills it on
-    every attempt, so the restart budget runs out.
+    every attempt, so the restart budget runs out. Read once per process: this runs every step.
     """
-    spec = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
-    if not spec:
-        return
-    rank, at_epoch, at_step, *always = spec.split(":")
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    if (int(rank), int(at_epoch), int(at_step)) == (rt.rank, epoch, step) and (first_attempt or always == ["always"]):
+    spec = _fault_spec()
+    if spec is not None and spec[3] and spec[:3] == (rt.rank, epoch, step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
