@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fasttrain.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401 (re-exported)
+from fasttrain.atomic import atomic_write_bytes
 from fasttrain.errors import FasttrainError
 
 

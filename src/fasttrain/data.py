@@ -285,10 +285,14 @@ def _tree_of_archive(archive: Path) -> _Tree:
             with tarfile.open(archive, "r:*") as tf:  # any compression, told from the content
                 for member in tf:
                     if member.isdir() or member.isfile():
-                        add(member.name, member.isdir(), lambda: tf.extractfile(member).read())
+                        add(member.name, member.isdir(), functools.partial(_read_member, tf, member))
     except _CORRUPT_ARCHIVE_ERRORS as e:
         raise FasttrainError(f"archive {archive} is truncated or corrupt: {_one_line(e)}") from None
     return _Tree(files, dirs)
+
+
+def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    return tf.extractfile(member).read()
 
 
 def _content(tree: _Tree, name: str, shown: str) -> bytes:

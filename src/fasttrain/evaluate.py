@@ -9,7 +9,7 @@ import click
 import torch
 import torch.nn.functional as F
 
-from fasttrain import checkpoint, config, parallel
+from fasttrain import atomic, checkpoint, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
@@ -87,13 +87,13 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
     metrics = {
         "variant": variant, "test_accuracy": round(result.accuracy, 6), "test_loss": round(result.loss, 6),
         "test_images": result.images,
-        "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy())},
+        "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy(), strict=True)},
         "confusion_matrix": result.confusion.tolist(), "classes": dataset.classes,
         "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,
     }
     if rt.is_main:
-        checkpoint.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes))
-        checkpoint.atomic_write_json(layout.eval_metrics(variant), metrics)
+        atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes))
+        atomic.atomic_write_json(layout.eval_metrics(variant), metrics)
     parallel.barrier(rt)
     return metrics
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import torch
 
-from fasttrain import checkpoint, config, parallel
+from fasttrain import atomic, checkpoint, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
 from fasttrain.evaluate import evaluate_model
@@ -275,8 +275,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     if rt.is_main:
         checkpoint.save({"model": raw.state_dict(), "config": resolved, "classes": dataset.classes,
                          "variant": variant}, layout.model(variant))
-        checkpoint.atomic_write_text(layout.train_plot(variant), _history_csv(state.history))
-        checkpoint.atomic_write_json(layout.train_metrics(variant), metrics)
+        atomic.atomic_write_text(layout.train_plot(variant), _history_csv(state.history))
+        atomic.atomic_write_json(layout.train_metrics(variant), metrics)
         writer.add_hparams({"parallel": rt.parallel, "precision": precision.name, "model": params.model.name,
                             "batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
                             "img_size": cfg.img_size, "loader": params.data.loader,
