@@ -11,6 +11,7 @@ counted FLOPs per image x images/s over that peak.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 import time
 
@@ -21,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain import atomic, config, parallel
 from fasttrain.data import load_dataset
-from fasttrain.engine import build_trainable, synchronize, train_step, warm_up
+from fasttrain.engine import StepLog, build_trainable, input_dtype, synchronize, train_step, warm_up
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_train_loader
@@ -36,20 +37,24 @@ class Case:
     batch_size: int
     precision: str
     compile: bool
+    compile_mode: str | None = None  # None: train.compile_mode from the params
 
     @property
     def name(self) -> str:
-        return f"batch {self.batch_size}, {self.precision}" + (", compiled" if self.compile else "")
+        compiled = f", compiled ({self.compile_mode})" if self.compile_mode else ", compiled"
+        return f"batch {self.batch_size}, {self.precision}" + (compiled if self.compile else "")
 
 
 def parse_case(text: str) -> Case:
     parts = text.split(":")
+    flag, _, mode = parts[2].partition("=") if len(parts) == 3 else ("", "", "")
     ok = (2 <= len(parts) <= 3 and parts[0].isdigit() and int(parts[0]) >= 1 and parts[1] in PRECISIONS
-          and (len(parts) == 2 or parts[2] == "compile"))
+          and (len(parts) == 2 or (flag == "compile" and (not mode or mode in config.COMPILE_MODES))))
     if not ok:
-        raise FasttrainError(f"bad bench case '{text}': use BATCH:PRECISION[:compile], precision one of "
-                             f"{', '.join(PRECISIONS)}, e.g. 64:amp or 512:bf16:compile")
-    return Case(int(parts[0]), parts[1], len(parts) == 3)
+        raise FasttrainError(f"bad bench case '{text}': use BATCH:PRECISION[:compile[=MODE]], precision one of "
+                             f"{', '.join(PRECISIONS)}, MODE one of {', '.join(config.COMPILE_MODES)}, "
+                             f"e.g. 64:amp or 512:bf16:compile")
+    return Case(int(parts[0]), parts[1], len(parts) == 3, mode or None)
 
 
 def flops_per_image(model_name: str, img_size: int, num_classes: int) -> float:
@@ -100,28 +105,33 @@ def _endless(loader):
 
 
 def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *, warmup_steps: int,
-             min_steps: int, min_seconds: float, log) -> dict:
-    params = dataclasses.replace(params, train=dataclasses.replace(params.train, batch_size=case.batch_size,
-                                                                   compile=case.compile))
+             min_steps: int, min_seconds: float, log, only: tuple[str, ...] | None = None,
+             rounds: int = 3) -> dict:
+    """Times every path of one case (or the paths named in `only`)."""
+    train = dataclasses.replace(params.train, batch_size=case.batch_size, compile=case.compile,
+                                compile_mode=case.compile_mode or params.train.compile_mode)
+    params = dataclasses.replace(params, train=train)
     cfg, precision = params.train, PRECISIONS[case.precision]
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     t = build_trainable(params, precision, rt, len(dataset.classes))
+    steps = StepLog(1024, rt.device, t.scaler)
 
-    def step(x, y):
-        train_step(t, precision, x, y)
+    def step(x, y):  # exactly what the training loop does per step
+        steps.record(train_step(t, precision, x, y))
 
-    x0 = torch.rand(case.batch_size, 3, cfg.img_size, cfg.img_size, device=rt.device)
+    dtype = input_dtype(params, precision)  # what the gpu loader hands the model
+    x0 = torch.rand(case.batch_size, 3, cfg.img_size, cfg.img_size, device=rt.device).to(dtype)
     x0 = x0.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x0
     y0 = torch.randint(0, len(dataset.classes), (case.batch_size,), device=rt.device)
     last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
     compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
-                              cfg.channels_last, rt.device)
+                              cfg.channels_last, rt.device, dtype)
 
     def loader(kind: str, workers: int):
         return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
                                  img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
                                  seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
-                                 channels_last=cfg.channels_last)
+                                 channels_last=cfg.channels_last, dtype=dtype if kind == "gpu" else torch.float32)
 
     paths = {
         "torchvision_workers_0": lambda: _endless(loader("torchvision", 0)),
@@ -129,26 +139,38 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
         "gpu_loader": lambda: _endless(loader("gpu", 0)),
         "compute_ceiling": lambda: iter(lambda: (x0, y0), None),
     }
+    if only is not None:
+        paths = {name: make for name, make in paths.items() if name in only}
+    # Paths take turns, `rounds` times, and each reports its median: at small batches the step is
+    # bound by kernel launches, whose cost drifts by 10-20% over a minute on a shared host, so
+    # timing one path after the other would compare the drift rather than the paths.
+    runs: dict[str, list[dict]] = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, make in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
+            batches = make()
+            runs[name].append(time_steps(step, batches, warmup_steps, min_steps, min_seconds, rt.device))
+            if hasattr(batches, "close"):
+                batches.close()  # stops the DataLoader's workers before the next path is timed
     results = {}
-    for name, make in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
-        batches = make()
-        results[name] = time_steps(step, batches, warmup_steps, min_steps, min_seconds, rt.device)
-        if hasattr(batches, "close"):
-            batches.close()  # stops the DataLoader's workers before the next path is timed
-        log(f"  {case.name}: {name:<24} {results[name]['images_per_second']:>10,.0f} images/s")
-    ceiling = results["compute_ceiling"]["images_per_second"]
-    gpu = results["gpu_loader"]["images_per_second"]
-    return {
-        "batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
-        "channels_last": cfg.channels_last, "compile_seconds": round(compile_seconds, 3),
-        "paths": results,
-        "gpu_loader_over_torchvision_workers_0": round(gpu / results["torchvision_workers_0"]["images_per_second"], 2),
-        "gpu_loader_over_compute_ceiling": round(gpu / ceiling, 3),
-    }
+    for name, measured in runs.items():
+        rates = [m["images_per_second"] for m in measured]
+        results[name] = {"images_per_second": statistics.median(rates), "each_round": rates,
+                         "steps": sum(m["steps"] for m in measured),
+                         "seconds": round(sum(m["seconds"] for m in measured), 3)}
+        log(f"  {case.name}: {name:<24} {results[name]['images_per_second']:>10,.0f} images/s "
+            f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
+    row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
+           "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
+           "fused_adamw": cfg.fused_adamw, "compile_seconds": round(compile_seconds, 3), "paths": results}
+    if only is None:
+        gpu = results["gpu_loader"]["images_per_second"]
+        row["gpu_loader_over_torchvision_workers_0"] = round(gpu / results["torchvision_workers_0"]["images_per_second"], 2)
+        row["gpu_loader_over_compute_ceiling"] = round(gpu / results["compute_ceiling"]["images_per_second"], 3)
+    return row
 
 
 def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_steps: int = 5,
-          min_steps: int = 20, min_seconds: float = 3.0, matmul_size: int = 8192,
+          min_steps: int = 20, min_seconds: float = 3.0, matmul_size: int = 8192, rounds: int = 3,
           log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
     check_img_size(params.model.name, params.train.img_size)
     dataset = load_dataset(layout.dataset)
@@ -160,7 +182,7 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
     rows = []
     for case in cases:
         row = run_case(params, case, dataset, rt, warmup_steps=warmup_steps, min_steps=min_steps,
-                       min_seconds=min_seconds, log=log)
+                       min_seconds=min_seconds, log=log, rounds=rounds)
         for result in row["paths"].values():
             result["model_flop_utilisation"] = float(f"{result['images_per_second'] * flops / 1e12 / peak:.4g}")
         rows.append(row)
@@ -178,7 +200,7 @@ def to_markdown(result: dict) -> str:
              f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s", "",
              "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
     for case in result["cases"]:
-        name = Case(case["batch_size"], case["precision"], case["compile"]).name
+        name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
         for path, r in case["paths"].items():
             lines.append(f"| {name} | {path} | {r['images_per_second']:,.0f} | {100 * r['model_flop_utilisation']:.1f}% |")
         lines.append(f"| {name} | gpu loader / torchvision (0 workers) | {case['gpu_loader_over_torchvision_workers_0']:.1f}x | |")
@@ -192,17 +214,21 @@ def to_markdown(result: dict) -> str:
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               type=click.Path(dir_okay=False), help="Model, img_size, data.workers and switches come from here.")
 @click.option("--warmup-steps", default=5, show_default=True, type=click.IntRange(0), help="Untimed steps per path.")
-@click.option("--min-steps", default=20, show_default=True, type=click.IntRange(1), help="Timed steps per path, at least.")
-@click.option("--min-seconds", default=3.0, show_default=True, type=click.FloatRange(0), help="Timed seconds per path, at least.")
+@click.option("--min-steps", default=20, show_default=True, type=click.IntRange(1),
+              help="Timed steps per path and round, at least.")
+@click.option("--min-seconds", default=3.0, show_default=True, type=click.FloatRange(0),
+              help="Timed seconds per path and round, at least.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="The paths take turns this many times; each reports its median.")
 @click.option("--matmul-size", default=8192, show_default=True, type=click.IntRange(16),
               help="Side of the bf16 matrix product that measures the peak (capped at 512 on a CPU).")
 @click.option("--out", default="metrics/bench.json", show_default=True, type=click.Path(dir_okay=False),
               help="Where the JSON results go (a .md table is written beside it).")
-def main(cases, params_path, warmup_steps, min_steps, min_seconds, matmul_size, out) -> None:
+def main(cases, params_path, warmup_steps, min_steps, min_seconds, rounds, matmul_size, out) -> None:
     """Measure the loaders against the compute ceiling and the device's bf16 peak."""
     parsed = [parse_case(c) for c in cases]
     result = bench(config.load(params_path), parsed, Layout(), warmup_steps=warmup_steps, min_steps=min_steps,
-                   min_seconds=min_seconds, matmul_size=matmul_size)
+                   min_seconds=min_seconds, matmul_size=matmul_size, rounds=rounds)
     markdown = to_markdown(result)
     atomic.atomic_write_json(out, result)
     atomic.atomic_write_text(str(out).removesuffix(".json") + ".md", markdown)

@@ -21,7 +21,10 @@ from fasttrain.errors import FasttrainError
 LOADERS = ("gpu", "torchvision")
 SCHEDULERS = ("plateau", "onecycle", "none")
 DEVICES = ("auto", "cpu", "cuda")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# torch.compile's CUDA-graph modes (reduce-overhead, max-autotune) are left out: their graphs reuse
+# output memory across steps, and the training step failed under them on the H200 ("accessing
+# tensor output of CUDAGraphs that has been overwritten by a subsequent run").
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,11 @@ class TrainConfig:
     nproc: int | None = None  # ddp processes; null = one per visible GPU, 2 on a machine without one
     sync_bn: bool = False  # ddp only: BatchNorm -> SyncBatchNorm (GPUs only)
     device: str = "auto"  # auto: first GPU if any, else CPU
-    channels_last: bool = False
+    channels_last: bool = True
     compile: bool = False  # torch.compile; its time is reported apart
-    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+    compile_mode: str = "default"  # torch.compile mode: default | max-autotune-no-cudagraphs
     label_smoothing: float = 0.0  # cross-entropy label smoothing in training (evaluation loss never smooths)
-    fused_adamw: bool = False  # fused AdamW kernel (CUDA only)
+    fused_adamw: bool = True  # fused AdamW kernel (CUDA only)
     cudnn_benchmark: bool = True
     log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
     max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
@@ -70,6 +73,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvaluateConfig:
     batch_size: int = 500  # global, images per forward pass
+    flip_tta: bool = False  # mean of the logits of each test image and its mirror image
 
 
 @dataclass(frozen=True)

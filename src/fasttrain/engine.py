@@ -41,20 +41,58 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing)
 
 
-def train_step(t: Trainable, precision: Precision, x: torch.Tensor, y: torch.Tensor):
-    """One optimizer step. Returns the loss and, under a GradScaler, whether the step was skipped,
-    both as device tensors: nothing here waits for the GPU."""
+def train_step(t: Trainable, precision: Precision, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One optimizer step. Returns the loss as a device tensor: nothing here waits for the GPU."""
     with precision.autocast(x.device.type):
         loss = F.cross_entropy(t.net(x), y, label_smoothing=t.label_smoothing)
     t.optimizer.zero_grad(set_to_none=True)
     t.scaler.scale(loss).backward()
-    # GradScaler halves its scale on every step it skips; comparing the (private) scale tensor on
-    # the device counts skips without a host sync.
-    before = t.scaler._scale.clone() if t.scaler.is_enabled() else None
     t.scaler.step(t.optimizer)
     t.scaler.update()
-    skipped = t.scaler._scale < before if before is not None else None
-    return loss.detach(), skipped
+    return loss.detach()
+
+
+class StepLog:
+    """An epoch's per-step loss and loss scale, kept on the device: one or two copies per step and
+    one host sync per epoch, instead of a dozen small kernels (or a sync) per step. At batch 64 a
+    step is bound by kernel launches, so every launch saved is throughput.
+
+    A step that GradScaler skipped (inf/NaN gradients) is one where its scale went down: the scale
+    only falls by backing off, so comparing each step's scale with the one before counts the skips.
+    """
+
+    def __init__(self, steps: int, device: torch.device, scaler: torch.amp.GradScaler):
+        self.losses = torch.zeros(max(1, steps), device=device)
+        self.scaler = scaler
+        self.scales = torch.zeros(max(1, steps), device=device) if scaler.is_enabled() else None
+        self.start_scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync per epoch
+        self.steps = 0
+
+    def record(self, loss: torch.Tensor) -> None:
+        i = self.steps % len(self.losses)  # wraps around in the benchmark, which runs on and on
+        self.losses[i:i + 1].copy_(loss)
+        if self.scales is not None:
+            self.scales[i:i + 1].copy_(self.scaler._scale)  # after update(): the scale the next step uses
+        self.steps += 1
+
+    def summary(self, batch_sizes: list[int]) -> dict:
+        """Host values for the epoch: `batch_sizes[i]` images went into step i."""
+        n = self.steps
+        losses = self.losses[:n].double().cpu()  # the sync
+        finite = torch.isfinite(losses)
+        weights = torch.tensor(batch_sizes[:n], dtype=torch.float64)
+        bad = (~finite).nonzero()
+        skipped = 0
+        scales = None
+        if self.scales is not None:
+            scales = self.scales[:n].cpu()
+            previous = torch.cat([torch.tensor([self.start_scale]), scales[:-1]])
+            skipped = int((scales < previous).sum())
+        return {"loss_sum": float(torch.where(finite, losses * weights, 0.0).sum()),
+                "images": int(weights.sum()), "bad_steps": int(bad.numel()),
+                "first_bad_step": int(bad[0, 0]) if bad.numel() else None,
+                "skipped_steps": skipped, "losses": losses.tolist(),
+                "scales": None if scales is None else scales.tolist()}
 
 
 def synchronize(device: torch.device) -> None:
@@ -62,8 +100,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def input_dtype(params: config.Params, precision: Precision) -> torch.dtype:
+    """The dtype batches reach the model in: the gpu loader rounds them to the autocast dtype
+    (exactly what autocast would do to them), the torchvision loader gives float32."""
+    return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
+
+
 def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
-            channels_last: bool, device: torch.device) -> float:
+            channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32) -> float:
     """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
     autotuning happen outside the timed region; buffers (BatchNorm statistics), gradients and RNG
     are restored, so training is unchanged. Returns the seconds it took."""
@@ -73,7 +117,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     synchronize(device)
     start = time.perf_counter()
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
-        x = torch.rand(n, 3, img_size, img_size, device=device)
+        x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)  # the loader's dtype: one graph
         x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
         y = torch.randint(0, num_classes, (n,), device=device)
         with precision.autocast(device.type):

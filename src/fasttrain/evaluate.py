@@ -43,9 +43,10 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: parallel.Runtime,
-                   num_classes: int) -> EvalResult:
+                   num_classes: int, flip_tta: bool = False) -> EvalResult:
     """Counts summed over ranks; the eval loader gives each image to exactly one rank, unpadded,
-    so the totals cover every test image exactly once at any world size."""
+    so the totals cover every test image exactly once at any world size. With `flip_tta` the
+    logits are the mean of the image's and its mirror image's."""
     was_training = net.training
     net.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
@@ -53,6 +54,8 @@ def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: paral
     for x, y in loader:
         with precision.autocast(rt.device.type):
             logits = net(x)
+            if flip_tta:
+                logits = (logits + net(x.flip(-1))) / 2
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         confusion += torch.bincount(y * num_classes + logits.argmax(dim=1), minlength=num_classes**2)
     parallel.all_reduce(loss_sum, rt)
@@ -80,13 +83,14 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
                               batch_size=max(1, params.evaluate.batch_size // rt.world_size), img_size=img_size,
                               device=rt.device, rank=rt.rank, world_size=rt.world_size,
                               workers=params.data.workers, pin_memory=params.data.pin_memory,
-                              channels_last=channels_last)
-    result = evaluate_model(net, loader, precision, rt, len(dataset.classes))
+                              channels_last=channels_last,
+                              dtype=precision.compute_dtype if params.data.loader == "gpu" else torch.float32)
+    result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
     if result.images != len(dataset.test_labels):
         raise FasttrainError(f"evaluated {result.images} images, expected {len(dataset.test_labels)}")
     metrics = {
         "variant": variant, "test_accuracy": round(result.accuracy, 6), "test_loss": round(result.loss, 6),
-        "test_images": result.images,
+        "test_images": result.images, "flip_tta": params.evaluate.flip_tta,
         "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy(), strict=True)},
         "confusion_matrix": result.confusion.tolist(), "classes": dataset.classes,
         "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,

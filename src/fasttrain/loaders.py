@@ -22,7 +22,9 @@ data:
   ``RandomHorizontalFlip``). Cropping 32 px images is cheaper than cropping 227 px ones and
   keeps the crop at the scale the recipe was tuned for.
 * Output: float32 [B, 3, img_size, img_size] in [0, 1] (ToTensor scaling, no normalisation),
-  int64 labels, both on ``device``; channels_last when asked.
+  int64 labels, both on ``device``; channels_last when asked. The gpu loader can round the images
+  to the precision's autocast dtype instead (``dtype``): the values the first convolution would
+  get from autocast anyway, without the float32 batch in between.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from fasttrain.errors import FasttrainError
 
 LOADERS = ("gpu", "torchvision")
 CROP_PADDING_PX = 4  # zero padding at the source resolution before the random crop (CIFAR standard)
+CHUNK_BYTES = 256 * 2**20  # gpu loader: float32 output made at once (several batches when they are small)
 
 
 class Loader(Protocol):
@@ -50,13 +53,18 @@ class Loader(Protocol):
 def make_train_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
                       img_size: int, device: torch.device, augment: bool, seed: int,
                       rank: int = 0, world_size: int = 1, workers: int = 0,
-                      pin_memory: bool = False, channels_last: bool = False) -> Loader:
-    """Shuffled, sharded training batches; call ``set_epoch`` before each epoch."""
+                      pin_memory: bool = False, channels_last: bool = False,
+                      dtype: torch.dtype = torch.float32) -> Loader:
+    """Shuffled, sharded training batches; call ``set_epoch`` before each epoch.
+
+    ``dtype`` concerns the gpu loader alone; the torchvision loader always gives float32, as
+    ToTensor does.
+    """
     _check(kind, images, labels, batch_size, img_size, rank, world_size)
     if kind == "gpu":  # workers / pin_memory are meaningless: the data never leaves the device
         return GpuLoader(images, labels, batch_size=batch_size, img_size=img_size, device=device,
                          train=True, augment=augment, seed=seed, rank=rank,
-                         world_size=world_size, channels_last=channels_last)
+                         world_size=world_size, channels_last=channels_last, dtype=dtype)
     return TorchvisionLoader(images, labels, batch_size=batch_size, img_size=img_size,
                              device=device, train=True, augment=augment, seed=seed, rank=rank,
                              world_size=world_size, workers=workers, pin_memory=pin_memory,
@@ -66,13 +74,13 @@ def make_train_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, 
 def make_eval_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
                      img_size: int, device: torch.device, rank: int = 0, world_size: int = 1,
                      workers: int = 0, pin_memory: bool = False,
-                     channels_last: bool = False) -> Loader:
+                     channels_last: bool = False, dtype: torch.dtype = torch.float32) -> Loader:
     """In-order, unaugmented batches of ``range(rank, N, world_size)``."""
     _check(kind, images, labels, batch_size, img_size, rank, world_size)
     if kind == "gpu":
         return GpuLoader(images, labels, batch_size=batch_size, img_size=img_size, device=device,
                          train=False, augment=False, seed=0, rank=rank,
-                         world_size=world_size, channels_last=channels_last)
+                         world_size=world_size, channels_last=channels_last, dtype=dtype)
     return TorchvisionLoader(images, labels, batch_size=batch_size, img_size=img_size,
                              device=device, train=False, augment=False, seed=0, rank=rank,
                              world_size=world_size, workers=workers, pin_memory=pin_memory,
@@ -137,21 +145,34 @@ def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor,
     return padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def to_float_resized(x: torch.Tensor, img_size: int) -> torch.Tensor:
-    """uint8 [B, C, H, W] -> float32 in [0, 1] at img_size x img_size (bilinear, half-pixel)."""
-    x = x.float().div_(255)  # convert at the source resolution: 50x fewer pixels than after
+def to_float_resized(x: torch.Tensor, img_size: int, channels_last: bool = False,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 [B, C, H, W] -> values in [0, 1] at img_size x img_size (bilinear, half-pixel),
+    computed in float32 and rounded once to ``dtype``.
+
+    Conversion and the memory-format change happen at the source resolution (50x fewer pixels
+    than after the resize), so the resize writes its large output once, already in its layout.
+    Rounding to the autocast dtype here gives the first convolution exactly the values autocast
+    would have made from float32, without a float32 copy of the batch in between.
+    """
+    x = x.float().div_(255)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     if x.shape[-2:] != (img_size, img_size):
         x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False,
                           antialias=False)
-    return x
+        if channels_last:  # interpolate keeps the input's layout; make sure of it for tiny inputs
+            x = x.contiguous(memory_format=torch.channels_last)
+    return x.to(dtype)
 
 
 class GpuLoader:
     """The whole uint8 set on ``device``; batches are index slices, transforms batched ops."""
 
     def __init__(self, images, labels, *, batch_size, img_size, device, train, augment, seed,
-                 rank, world_size, channels_last):
+                 rank, world_size, channels_last, dtype=torch.float32):
         self.device = torch.device(device)
+        self.dtype = dtype
         self.images = images.to(self.device)  # once; ~150 MB for CIFAR-10 train
         self.labels = labels.to(self.device, torch.int64)
         self.batch_size, self.img_size = batch_size, img_size
@@ -178,17 +199,22 @@ class GpuLoader:
         return math.ceil(self.num_samples / self.batch_size)
 
     def __iter__(self):
-        order = self._order
-        for start in range(0, self.num_samples, self.batch_size):
-            chunk = order[:, start:start + self.batch_size]  # views: no host work, no sync
-            idx = chunk[0]
+        order, b = self._order, self.batch_size
+        # Several batches are gathered, augmented, converted and resized by one set of ops, then
+        # handed out as views: at small batches the step is bound by kernel launches, and a loader
+        # that launches half a dozen kernels per batch would cost a tenth of the throughput.
+        per_chunk = max(1, CHUNK_BYTES // (b * 3 * 4 * self.img_size**2)) * b
+        for start in range(0, self.num_samples, per_chunk):
+            part = order[:, start:start + per_chunk]  # views: no host work, no sync
+            idx = part[0]
             x = self.images.index_select(0, idx)
             if self.augment:
-                x = crop_flip(x, chunk[1], chunk[2], chunk[3])
-            x = to_float_resized(x, self.img_size)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            yield x, self.labels.index_select(0, idx)
+                x = crop_flip(x, part[1], part[2], part[3])
+            x = to_float_resized(x, self.img_size, self.channels_last, self.dtype)
+            y = self.labels.index_select(0, idx)
+            for i in range(0, idx.shape[0], b):
+                yield x[i:i + b], y[i:i + b]  # a slice along the batch keeps channels_last
+            del x, y  # the next chunk may take this one's memory
 
 
 class PILImages(torch.utils.data.Dataset):

@@ -26,7 +26,7 @@ from fasttrain.errors import FasttrainError
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_eval_loader, make_train_loader
-from fasttrain.engine import build_trainable, synchronize, train_step, warm_up
+from fasttrain.engine import StepLog, build_trainable, input_dtype, synchronize, train_step, warm_up
 from fasttrain.models import check_img_size
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
@@ -163,7 +163,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     per_rank_batch = cfg.batch_size // rt.world_size
     loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
                        workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
-                       channels_last=cfg.channels_last)
+                       channels_last=cfg.channels_last, dtype=input_dtype(params, precision))
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
                                      **loader_args)
@@ -197,61 +197,61 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
         shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
         compile_seconds = warm_up(trainable, precision, shapes, cfg.img_size, len(dataset.classes),
-                                  cfg.channels_last, rt.device)
+                                  cfg.channels_last, rt.device, input_dtype(params, precision))
         log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
     for epoch in range(state.epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
         net.train()
-        loss_sum = torch.zeros((), device=rt.device, dtype=torch.float64)
-        bad_steps = torch.zeros((), device=rt.device, dtype=torch.int64)
-        first_bad = torch.full((), -1, device=rt.device, dtype=torch.int64)
-        skipped = torch.zeros((), device=rt.device, dtype=torch.int64)
-        images = 0
+        steps = StepLog(len(train_loader), rt.device, scaler)
+        batch_sizes, lrs = [], []
         progress.start_epoch(epoch)
         synchronize(rt.device)
         start = time.perf_counter()
         for step, (x, y) in enumerate(train_loader):
             parallel.inject_fault(rt, epoch + 1, step + 1)
-            loss, step_skipped = train_step(trainable, precision, x, y)
-            if step_skipped is not None:
-                skipped += step_skipped.long()
+            loss = train_step(trainable, precision, x, y)
+            steps.record(loss)  # on the device: a .item() per step would stall the GPU queue
+            batch_sizes.append(y.shape[0])
+            lrs.append(optimizer.param_groups[0]["lr"])
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
                 scheduler.step()
-            # Accumulate on the device: a .item() per step would stall the GPU queue.
-            finite = torch.isfinite(loss)
-            loss_sum += torch.where(finite, loss.double(), 0.0) * y.shape[0]
-            bad_steps += (~finite).long()
-            first_bad = torch.where((first_bad < 0) & ~finite, step, first_bad)
-            images += y.shape[0]
-            state.global_step += 1
             progress.step(y.shape[0] * rt.world_size, loss)  # reads the loss only when a refresh is due
-            if writer is not None and state.global_step % cfg.log_every_steps == 0:
-                writer.add_scalar("train/loss", loss.item(), state.global_step)
-                writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], state.global_step)
-                if scaler.is_enabled():
-                    writer.add_scalar("train/loss_scale", scaler.get_scale(), state.global_step)
         synchronize(rt.device)
         seconds = time.perf_counter() - start
         progress.end_epoch()
 
-        totals = torch.stack([loss_sum, torch.tensor(images, dtype=torch.float64, device=rt.device),
-                              bad_steps.double(), skipped.double()])
+        summary = steps.summary(batch_sizes)
+        totals = torch.tensor([summary["loss_sum"], summary["images"], summary["bad_steps"],
+                               summary["skipped_steps"]], dtype=torch.float64, device=rt.device)
         parallel.all_reduce(totals, rt)
         seconds_t = parallel.all_reduce(torch.tensor([seconds], device=rt.device), rt, op="max")
         seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
         if bad and not (scaler.is_enabled() and bad <= skip):
             # the earliest bad step over all ranks (every rank gets here: `bad` is summed over them)
-            earliest = torch.where(first_bad < 0, torch.iinfo(torch.int64).min, -first_bad)
+            mine = summary["first_bad_step"]
+            earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
+                                    dtype=torch.int64, device=rt.device)
             step_no = 1 - int(parallel.all_reduce(earliest, rt, op="max"))
             kept = f"the last good checkpoint is {ckpt_path}" if state.epoch else "no checkpoint was written yet"
             raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
                                  f"({bad} step(s)); {kept}")
+        if writer is not None:  # per-step scalars, written from the epoch's log: no sync inside the epoch
+            first = state.global_step
+            for i, loss_value in enumerate(summary["losses"]):
+                global_step = first + i + 1
+                if global_step % cfg.log_every_steps == 0:
+                    writer.add_scalar("train/loss", loss_value, global_step)
+                    writer.add_scalar("train/lr", lrs[i], global_step)
+                    if summary["scales"] is not None:
+                        writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
+        state.global_step += len(batch_sizes)
         epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
         state.skipped_steps += skip
 
-        accuracy = evaluate_model(net, test_loader, precision, rt, len(dataset.classes)).accuracy
+        accuracy = evaluate_model(net, test_loader, precision, rt, len(dataset.classes),
+                                  params.evaluate.flip_tta).accuracy
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(epoch_loss)
         record = EpochRecord(epoch + 1, float(seconds_t[0]), epoch_loss, accuracy,

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def test_bench_writes_every_path_and_ratio(tiny_repo):
     run(["fasttrain", "download"], tiny_repo)
     out = run(["fasttrain", "bench", "--case", "16:fp32", "--case", "16:bf16", "--warmup-steps", "1",
-               "--min-steps", "2", "--min-seconds", "0", "--matmul-size", "64"], tiny_repo)
+               "--min-steps", "2", "--min-seconds", "0", "--matmul-size", "64", "--rounds", "3"], tiny_repo)
     result = json.loads((tiny_repo / "metrics" / "bench.json").read_text())
     assert result["device"] == "CPU" and result["torch_version"] and result["world_size"] == 1
     assert result["bf16_matmul_peak_tflops"] > 0 and result["gflop_per_image_forward_backward"] > 0
@@ -20,17 +20,30 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
     for case in result["cases"]:
         assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}  # workers: 0
         for path in case["paths"].values():
-            assert path["images_per_second"] > 0 and path["steps"] >= 2 and 0 < path["model_flop_utilisation"]
+            assert path["images_per_second"] > 0 and path["steps"] >= 3 * 2 and 0 < path["model_flop_utilisation"]
+            assert len(path["each_round"]) == 3 and path["images_per_second"] == sorted(path["each_round"])[1]
         gpu = case["paths"]["gpu_loader"]["images_per_second"]
         assert case["gpu_loader_over_compute_ceiling"] == pytest.approx(
             gpu / case["paths"]["compute_ceiling"]["images_per_second"], rel=1e-2)
     assert "compute_ceiling" in out.stdout and (tiny_repo / "metrics" / "bench.md").is_file()
 
 
-def test_bad_case_is_a_one_line_error(tiny_repo):
-    proc = run(["fasttrain", "bench", "--case", "64:fp8"], tiny_repo, check=False)
+@pytest.mark.parametrize("case", ["64:fp8", "64:amp:compile=reduce-overhead", "64:amp:jit"])
+def test_bad_case_is_a_one_line_error(tiny_repo, case):
+    proc = run(["fasttrain", "bench", "--case", case], tiny_repo, check=False)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
-        "fasttrain: error: bad bench case '64:fp8': use BATCH:PRECISION[:compile], precision one of "
-        "fp32, autocast, amp, bf16, e.g. 64:amp or 512:bf16:compile"]
+        f"fasttrain: error: bad bench case '{case}': use BATCH:PRECISION[:compile[=MODE]], precision one of "
+        "fp32, autocast, amp, bf16, MODE one of default, max-autotune-no-cudagraphs, "
+        "e.g. 64:amp or 512:bf16:compile"]
     assert not (tiny_repo / "metrics" / "bench.json").exists()
+
+
+def test_case_names_the_compile_mode():
+    from fasttrain.bench import parse_case
+
+    assert parse_case("64:amp").name == "batch 64, amp"
+    assert parse_case("512:bf16:compile").name == "batch 512, bf16, compiled"
+    mode = parse_case("512:bf16:compile=max-autotune-no-cudagraphs")
+    assert mode.compile_mode == "max-autotune-no-cudagraphs"
+    assert mode.name == "batch 512, bf16, compiled (max-autotune-no-cudagraphs)"

@@ -129,6 +129,8 @@ CASES = {
     "plateau patience negative": Case(TRAIN, "train.plateau_patience = -1", {"train": {"plateau_patience": -1}}),
     "nproc zero": Case(TRAIN_DDP, "train.nproc = 0 is out of range", {"train": {"nproc": 0}}),
     "max restarts negative": Case(TRAIN, "train.max_restarts = -1", {"train": {"max_restarts": -1}}),
+    "CUDA-graph compile mode": Case(TRAIN, "train.compile_mode = 'reduce-overhead' is out of range: must be one of "
+                                    "default, max-autotune-no-cudagraphs", {"train": {"compile_mode": "reduce-overhead"}}),
     "log interval zero": Case(TRAIN, "train.log_every_steps = 0", {"train": {"log_every_steps": 0}}),
     "eval batch zero": Case(EVALUATE, "evaluate.batch_size = 0 is out of range", {"evaluate": {"batch_size": 0}}),
     "workers negative": Case(TRAIN, "data.workers = -1 is out of range", {"data": {"workers": -1}}),

@@ -163,6 +163,25 @@ def test_gpu_same_seed_same_batches():
     assert _labels(a) != _labels(c)
 
 
+@pytest.mark.parametrize("chunk_images", [1, 3, 16])
+def test_gpu_batches_do_not_depend_on_how_many_are_made_at_once(monkeypatch, chunk_images):
+    """The loader makes several batches per set of ops; how many must not change a single value."""
+    import fasttrain.loaders as loaders
+
+    def batches(chunk_bytes):
+        monkeypatch.setattr(loaders, "CHUNK_BYTES", chunk_bytes)
+        loader = _train(n=37, batch_size=4, img_size=10, augment=True, channels_last=True)
+        loader.set_epoch(3)
+        return list(loader)
+
+    whole = batches(2**30)
+    chunked = batches(chunk_images * 4 * 3 * 4 * 10**2)  # chunk_images batches of 4 per chunk
+    assert [y.shape[0] for _, y in chunked] == [4] * 9 + [1]
+    for (x, y), (ref_x, ref_y) in zip(chunked, whole, strict=True):
+        assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_gpu_resize_matches_interpolate_exactly():
     images, labels = _data(n=20, size=8)
     loader = make_eval_loader("gpu", images, labels, batch_size=6, img_size=20, device=CPU)
@@ -170,6 +189,27 @@ def test_gpu_resize_matches_interpolate_exactly():
     expected = F.interpolate(images.float() / 255, size=(20, 20), mode="bilinear",
                              align_corners=False, antialias=False)
     assert torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gpu_dtype_is_the_float32_batch_rounded_once(dtype, channels_last):
+    """What the first convolution gets from autocast: float32 values rounded to its dtype."""
+    images, labels = _data(n=10, size=8)
+    kw = dict(batch_size=4, img_size=13, device=CPU, channels_last=channels_last)
+    low = make_eval_loader("gpu", images, labels, dtype=dtype, **kw)
+    ref = make_eval_loader("gpu", images, labels, **kw)
+    for (x, _), (r, _) in zip(low, ref, strict=True):
+        assert x.dtype == dtype and r.dtype == torch.float32
+        assert torch.equal(x, r.to(dtype))
+        assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def test_torchvision_loader_stays_float32_whatever_dtype_is_asked():
+    images, labels = _data(n=8, size=8)
+    loader = make_eval_loader("torchvision", images, labels, batch_size=4, img_size=8, device=CPU,
+                              dtype=torch.bfloat16)
+    assert all(x.dtype == torch.float32 for x, _ in loader)
 
 
 @pytest.mark.parametrize("kind", LOADERS)
