@@ -84,6 +84,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     """
     if device == "auto" and torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(lease.hold(nproc).ids)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -103,6 +104,10 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
         rank, failure = e.get_first_failure()
         raise FasttrainError(f"ddp worker rank {rank} failed with exit code {failure.exitcode} "
                              f"after {max_restarts} restart(s); see its output above") from None
+    except SignalException as e:  # the agent stopped its workers; Ctrl-C ends like any interrupt
+        if e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise FasttrainError(f"ddp run stopped by signal {e.sigval.name}; its workers were stopped too") from None
 
 
 def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:

@@ -300,6 +300,26 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     assert "Running stage" not in run(["dvc", "repro", "train@single-fp32"], repo).stdout
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_resumes(tmp_path):
+    repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2}})
+    run(["fasttrain", "download"], repo)
+    ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
+    proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo, env=env(),
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher's process group (workers have their own)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "fasttrain: aborted" and "Traceback" not in err, err
+    workers = subprocess.run(["pgrep", "-f", f"fasttrain train.*{repo}"], capture_output=True, text=True).stdout
+    assert workers == "", "ddp workers outlived the interrupted run"
+
+    again = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600)
+    assert "resuming from checkpoints/ddp-fp32/last.pt" in again.stderr
+    assert train_metrics(repo, "ddp-fp32")["epochs"] == 3
+
+
 # --- 5. ddp evaluation counts every test image once, whatever the world size ------------------------
 
 @pytest.mark.slow
