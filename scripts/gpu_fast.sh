@@ -2,6 +2,7 @@
 # On the GPU machine: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe over seeds.
 # Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
 # Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml.
+# BENCH_CASES (environment) replaces the default `fasttrain bench` cases.
 # (No DVC on that machine: these are the commands the stages run.)
 set -u
 archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
@@ -17,8 +18,9 @@ python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "da
 ft download
 python3 "$repo/scripts/overlay.py" params.yaml "$repo/recipes/fast.yaml" fast.yaml
 if [ "${5:-}" != skip-bench ]; then
-  ft bench --params params.yaml --case 64:amp --case 512:bf16:compile --out "$out/bench-classic.json" 2>&1 | tail -16
-  ft bench --params fast.yaml --case 64:amp --case 512:bf16:compile --out "$out/bench-fast.json" 2>&1 | tail -16
+  cases=${BENCH_CASES:-"64:amp 64:amp:compile=reduce-overhead 512:bf16:compile"}
+  ft bench --params params.yaml $(printf -- '--case %s ' $cases) --out "$out/bench.json" 2>&1 \
+    | grep -v -i -e warn -e autotune -e triton_mm -e "^  mm " -e "^strides" -e "^dtypes"
 fi
 
 n=0
@@ -28,12 +30,12 @@ for config in $configs; do n=$((n + 1)); for seed in $seeds; do
   echo "config $n: $config seed $seed"
   ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
   ft evaluate --parallel single --precision bf16
-  python3 - "$out/fast-$n-seed$seed.json" "$config" <<'PY'
+  python3 - "$out/fast.jsonl" "$config" <<'PY'
 import json, sys
 t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]
-json.dump(row, open(sys.argv[1], "w"), indent=1); print("FAST", json.dumps(row))
+open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
 done; done

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The real pipeline through DVC on the GPU machine, with ARCHIVE as data.source.
+#
+#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [k=v ...]          dvc repro, params overrides k=v
+#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS --fast "SEEDS"     then `make fast`'s experiment per seed
+#                                                               (FT_FAST_EXTRA: more -S flags, for a CPU check)
+#
+# That machine has torch but no DVC and no console scripts: DVC comes from wheels carried in .whl/
+# (installed once into /tmp/site), and `fasttrain`/`dvc` from two small shims. The pipeline runs in
+# a git repository made from a copy of this checkout in $FT_WORK (default /tmp/ft-repro), kept
+# between calls: a second call on a still-warm machine carries on where a timed-out one stopped,
+# since finished stages are in dvc.lock and an unfinished train stage resumes from its checkpoint.
+# OUT gets the log and results.tar.gz (metrics/, plots/, dvc.lock, params.yaml).
+set -u -o pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+archive=$1 out=$(realpath -m "$2") seconds=$3; shift 3
+work=${FT_WORK:-/tmp/ft-repro}
+mkdir -p "$out"
+
+if ! python3 -c "import dvc" 2>/dev/null; then
+  [ -d /tmp/site/dvc ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site "$repo"/.whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$work/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+py=$(command -v python3)
+mkdir -p /tmp/ft-bin
+printf '#!/bin/sh\nexec %s -m fasttrain "$@"\n' "$py" > /tmp/ft-bin/fasttrain
+printf '#!/bin/sh\nexec %s -m dvc "$@"\n' "$py" > /tmp/ft-bin/dvc
+chmod +x /tmp/ft-bin/fasttrain /tmp/ft-bin/dvc
+export PATH=/tmp/ft-bin:$PATH
+
+if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout, without carried files
+  mkdir -p "$work"
+  (cd "$repo" && tar cf - --exclude=./.git --exclude=./.whl --exclude=./.cache --exclude=./.run \
+     --exclude=./.venv --exclude=./.demo .) | (cd "$work" && tar xf -)
+  cd "$work"
+  git init -q && git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm checkout
+fi
+cd "$work"
+python3 scripts/overlay.py params.yaml /dev/null params.yaml "data.source=$archive" \
+  $([ "${1:-}" = --fast ] || echo "$@")
+nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
+python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/machine.txt"
+
+# dvc repro in a process group of its own: at the time limit the whole group gets SIGINT, as from
+# Ctrl-C, so the running stage stops cleanly and its last checkpoint is what the next call resumes.
+setsid dvc repro > "$out/repro.raw" 2>&1 &
+pid=$!
+(sleep "$seconds"; kill -INT -- -$pid 2>/dev/null; sleep 60; kill -KILL -- -$pid 2>/dev/null) &
+watchdog=$!
+wait $pid
+status=$?
+kill $watchdog 2>/dev/null
+# torchrun starts ddp workers in sessions of their own: make sure none outlives a stopped run
+[ $status -eq 0 ] || pkill -KILL -f "fasttrain (train|evaluate)" 2>/dev/null
+grep -v -i -e warning -e "warn(" "$out/repro.raw" | tee -a "$out/repro.log"
+rm -f "$out/repro.raw"
+echo "dvc repro exit status $status"
+if [ "${1:-}" = --fast ] && [ $status -eq 0 ]; then
+  git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "classic recipe" || true
+  for seed in $2; do  # exactly what `make fast` runs, one experiment per seed
+    dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "train.seed=$seed" \
+      ${FT_FAST_EXTRA:-} train@single-bf16 evaluate@single-bf16 2>&1 | grep -v -i -e warning -e "warn(" | tail -4 | tee -a "$out/fast.log"
+  done
+  dvc exp show --json > "$out/fast-experiments.json"
+fi
+tar czf "$out/results.tar.gz" metrics plots dvc.lock params.yaml 2>/dev/null
+exit $status
