@@ -19,7 +19,7 @@ import yaml
 from fasttrain import config, parallel
 from fasttrain.bench import Case, run_case
 from fasttrain.data import load_dataset
-from fasttrain.engine import StepLog, build_trainable, synchronize, train_step
+from fasttrain.engine import StepLog, build_trainable, input_dtype, random_batch, synchronize, train_step
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
 
@@ -27,18 +27,16 @@ from fasttrain.precision import PRECISIONS
 def kernel_ms_per_step(params, precision, rt, classes, batch, steps=30):
     t = build_trainable(params, precision, rt, classes)
     log = StepLog(1024, rt.device, t.scaler)
-    x = torch.rand(batch, 3, params.train.img_size, params.train.img_size, device=rt.device)
-    if params.train.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, classes, (batch,), device=rt.device)
+    x, y = random_batch(batch, params.train.img_size, classes, rt.device, input_dtype(params, precision),
+                        params.train.channels_last)  # as bench's compute ceiling
     for _ in range(10):
-        log.record(train_step(t, precision, x, y))
+        log.record(train_step(t, precision, x, y), batch)
     synchronize(rt.device)
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            log.record(train_step(t, precision, x, y))
+            log.record(train_step(t, precision, x, y), batch)
         synchronize(rt.device)
         wall = (time.perf_counter() - start) / steps * 1e3
     events = prof.key_averages()

@@ -22,7 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain import atomic, config, parallel
 from fasttrain.data import load_dataset
-from fasttrain.engine import StepLog, build_trainable, input_dtype, synchronize, train_step, warm_up
+from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize, train_step,
+                              warm_up)
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_train_loader
@@ -117,12 +118,10 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     steps = StepLog(1024, rt.device, t.scaler)
 
     def step(x, y):  # exactly what the training loop does per step
-        steps.record(train_step(t, precision, x, y))
+        steps.record(train_step(t, precision, x, y), y.shape[0])
 
     dtype = input_dtype(params, precision)  # what the gpu loader hands the model
-    x0 = torch.rand(case.batch_size, 3, cfg.img_size, cfg.img_size, device=rt.device).to(dtype)
-    x0 = x0.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x0
-    y0 = torch.randint(0, len(dataset.classes), (case.batch_size,), device=rt.device)
+    x0, y0 = random_batch(case.batch_size, cfg.img_size, len(dataset.classes), rt.device, dtype, cfg.channels_last)
     last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
     compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
                               cfg.channels_last, rt.device, dtype)

@@ -67,20 +67,24 @@ class StepLog:
         self.scales = torch.zeros(max(1, steps), device=device) if scaler.is_enabled() else None
         self.start_scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync per epoch
         self.steps = 0
+        self.batch_sizes: list[int] = []  # host ints: images per step
 
-    def record(self, loss: torch.Tensor) -> None:
+    def record(self, loss: torch.Tensor, images: int) -> None:
+        """After a step that took `images` images."""
         i = self.steps % len(self.losses)  # wraps around in the benchmark, which runs on and on
         self.losses[i:i + 1].copy_(loss)
         if self.scales is not None:
             self.scales[i:i + 1].copy_(self.scaler._scale)  # after update(): the scale the next step uses
+        if self.steps < len(self.losses):
+            self.batch_sizes.append(images)
         self.steps += 1
 
-    def summary(self, batch_sizes: list[int]) -> dict:
-        """Host values for the epoch: `batch_sizes[i]` images went into step i."""
+    def summary(self) -> dict:
+        """Host values for the epoch."""
         n = self.steps
         losses = self.losses[:n].double().cpu()  # the sync
         finite = torch.isfinite(losses)
-        weights = torch.tensor(batch_sizes[:n], dtype=torch.float64)
+        weights = torch.tensor(self.batch_sizes, dtype=torch.float64)
         bad = (~finite).nonzero()
         skipped = 0
         scales = None
@@ -106,6 +110,14 @@ def input_dtype(params: config.Params, precision: Precision) -> torch.dtype:
     return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
 
 
+def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, dtype: torch.dtype,
+                 channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch shaped, typed and laid out as the gpu loader hands it to the model."""
+    x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return x, torch.randint(0, num_classes, (n,), device=device)
+
+
 def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
             channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32) -> float:
     """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
@@ -117,9 +129,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     synchronize(device)
     start = time.perf_counter()
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
-        x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)  # the loader's dtype: one graph
-        x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-        y = torch.randint(0, num_classes, (n,), device=device)
+        x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last)  # the loader's dtype: one graph
         with precision.autocast(device.type):
             loss = F.cross_entropy(t.net(x), y)
         t.scaler.scale(loss).backward()

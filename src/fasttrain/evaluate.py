@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from fasttrain import atomic, checkpoint, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
+from fasttrain.engine import input_dtype
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_eval_loader
 from fasttrain.models import build_model
@@ -84,7 +85,7 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
                               device=rt.device, rank=rt.rank, world_size=rt.world_size,
                               workers=params.data.workers, pin_memory=params.data.pin_memory,
                               channels_last=channels_last,
-                              dtype=precision.compute_dtype if params.data.loader == "gpu" else torch.float32)
+                              dtype=input_dtype(params, precision))
     result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
     if result.images != len(dataset.test_labels):
         raise FasttrainError(f"evaluated {result.images} images, expected {len(dataset.test_labels)}")

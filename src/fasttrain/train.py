@@ -161,9 +161,10 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     raw, net, optimizer, scaler = trainable.raw, trainable.net, trainable.optimizer, trainable.scaler
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
     per_rank_batch = cfg.batch_size // rt.world_size
+    dtype = input_dtype(params, precision)
     loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
                        workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
-                       channels_last=cfg.channels_last, dtype=input_dtype(params, precision))
+                       channels_last=cfg.channels_last, dtype=dtype)
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
                                      **loader_args)
@@ -197,7 +198,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
         shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
         compile_seconds = warm_up(trainable, precision, shapes, cfg.img_size, len(dataset.classes),
-                                  cfg.channels_last, rt.device, input_dtype(params, precision))
+                                  cfg.channels_last, rt.device, dtype)
         log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
@@ -205,15 +206,14 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         train_loader.set_epoch(epoch)
         net.train()
         steps = StepLog(len(train_loader), rt.device, scaler)
-        batch_sizes, lrs = [], []
+        lrs = []
         progress.start_epoch(epoch)
         synchronize(rt.device)
         start = time.perf_counter()
         for step, (x, y) in enumerate(train_loader):
             parallel.inject_fault(rt, epoch + 1, step + 1)
             loss = train_step(trainable, precision, x, y)
-            steps.record(loss)  # on the device: a .item() per step would stall the GPU queue
-            batch_sizes.append(y.shape[0])
+            steps.record(loss, y.shape[0])  # on the device: a .item() per step would stall the GPU queue
             lrs.append(optimizer.param_groups[0]["lr"])
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
                 scheduler.step()
@@ -222,7 +222,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         seconds = time.perf_counter() - start
         progress.end_epoch()
 
-        summary = steps.summary(batch_sizes)
+        summary = steps.summary()
         totals = torch.tensor([summary["loss_sum"], summary["images"], summary["bad_steps"],
                                summary["skipped_steps"]], dtype=torch.float64, device=rt.device)
         parallel.all_reduce(totals, rt)
@@ -246,7 +246,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                     writer.add_scalar("train/lr", lrs[i], global_step)
                     if summary["scales"] is not None:
                         writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
-        state.global_step += len(batch_sizes)
+        state.global_step += steps.steps
         epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
         state.skipped_steps += skip
 

@@ -26,9 +26,9 @@ class FakeScaler:
 
 def test_weighted_loss_sum_and_images():
     log = StepLog(3, CPU, FakeScaler(None))
-    for loss in (2.0, 1.0, 4.0):
-        log.record(torch.tensor(loss))
-    s = log.summary([8, 8, 3])
+    for loss, images in ((2.0, 8), (1.0, 8), (4.0, 3)):
+        log.record(torch.tensor(loss), images)
+    s = log.summary()
     assert s["loss_sum"] == 2 * 8 + 1 * 8 + 4 * 3 and s["images"] == 19
     assert s["bad_steps"] == 0 and s["first_bad_step"] is None and s["skipped_steps"] == 0
     assert s["losses"] == [2.0, 1.0, 4.0] and s["scales"] is None
@@ -37,8 +37,8 @@ def test_weighted_loss_sum_and_images():
 def test_non_finite_losses_are_counted_left_out_of_the_sum_and_the_first_is_named():
     log = StepLog(5, CPU, FakeScaler(None))
     for loss in (1.0, math.inf, 2.0, math.nan, 3.0):
-        log.record(torch.tensor(loss))
-    s = log.summary([2] * 5)
+        log.record(torch.tensor(loss), 2)
+    s = log.summary()
     assert s["bad_steps"] == 2 and s["first_bad_step"] == 1
     assert s["loss_sum"] == (1.0 + 2.0 + 3.0) * 2
 
@@ -49,16 +49,16 @@ def test_skipped_steps_are_the_steps_whose_scale_fell():
     # after each step: skipped (halved), kept, grown (doubled), skipped, kept
     for scale in (512.0, 512.0, 1024.0, 512.0, 512.0):
         scaler._scale = torch.tensor([scale])
-        log.record(torch.tensor(1.0))
-    s = log.summary([1] * 5)
+        log.record(torch.tensor(1.0), 1)
+    s = log.summary()
     assert s["skipped_steps"] == 2
     assert s["scales"] == [512.0, 512.0, 1024.0, 512.0, 512.0]
 
 
 def test_a_short_epoch_reads_only_the_steps_it_ran():
     log = StepLog(10, CPU, FakeScaler(None))
-    log.record(torch.tensor(5.0))
-    s = log.summary([4])
+    log.record(torch.tensor(5.0), 4)
+    s = log.summary()
     assert s["losses"] == [5.0] and s["images"] == 4
 
 
@@ -66,5 +66,5 @@ def test_a_short_epoch_reads_only_the_steps_it_ran():
 def test_record_wraps_around_when_steps_exceed_the_buffer(steps):
     log = StepLog(steps, CPU, FakeScaler(None))
     for loss in range(4):
-        log.record(torch.tensor(float(loss)))
+        log.record(torch.tensor(float(loss)), 1)
     assert log.losses.tolist() == [3.0]
