@@ -1,7 +1,8 @@
 """Batches of CIFAR-style uint8 images for training and evaluation, two ways.
 
 ``gpu``: the whole uint8 set is moved to the device once; a batch is an index slice, and
-conversion, resize and augmentation are batched tensor ops on the device (airbench style).
+conversion, resize and augmentation are batched tensor ops on the device (airbench style); on a
+CUDA device one Triton kernel does them all at once (batch_kernel.py).
 ``torchvision``: the classic per-image PIL path (Dataset -> transforms -> DataLoader ->
 DistributedSampler), kept as the reference the fast path is measured against.
 
@@ -35,6 +36,7 @@ from typing import Iterator, Protocol
 import torch
 import torch.nn.functional as F
 
+from fasttrain import batch_kernel
 from fasttrain.errors import FasttrainError
 
 LOADERS = ("gpu", "torchvision")
@@ -179,6 +181,7 @@ class GpuLoader:
         self.train, self.augment, self.seed = train, augment, seed
         self.rank, self.world_size = rank, world_size
         self.channels_last = channels_last
+        self.fused = batch_kernel.enabled(self.images)
         n = images.shape[0]
         if train:
             self.num_samples = math.ceil(n / world_size)
@@ -207,10 +210,15 @@ class GpuLoader:
         for start in range(0, self.num_samples, per_chunk):
             part = order[:, start:start + per_chunk]  # views: no host work, no sync
             idx = part[0]
-            x = self.images.index_select(0, idx)
-            if self.augment:
-                x = crop_flip(x, part[1], part[2], part[3])
-            x = to_float_resized(x, self.img_size, self.channels_last, self.dtype)
+            if self.fused:  # one kernel, one write of the output (batch_kernel.py)
+                x = batch_kernel.gather_crop_flip_resize(
+                    self.images, idx, part[1:] if self.augment else None, self.img_size,
+                    self.channels_last, self.dtype, CROP_PADDING_PX)
+            else:
+                x = self.images.index_select(0, idx)
+                if self.augment:
+                    x = crop_flip(x, part[1], part[2], part[3])
+                x = to_float_resized(x, self.img_size, self.channels_last, self.dtype)
             y = self.labels.index_select(0, idx)
             for i in range(0, idx.shape[0], b):
                 yield x[i:i + b], y[i:i + b]  # a slice along the batch keeps channels_last
