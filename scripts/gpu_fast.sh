@@ -2,7 +2,7 @@
 # On the GPU machine: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe over seeds.
 # Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
 # Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml.
-# BENCH_CASES (environment) replaces the default `fasttrain bench` cases.
+# BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests.
 # (No DVC on that machine: these are the commands the stages run.)
 set -u
 archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
@@ -11,7 +11,7 @@ export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
 ft() { python3 -m fasttrain "$@"; }
 mkdir -p "$out"
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
-(cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
+[ -n "${NO_TESTS:-}" ] || (cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
 
 base=/tmp/ft-base && rm -rf $base && mkdir -p $base && cd $base
 python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive"

@@ -13,7 +13,8 @@
 # OUT gets the log and results.tar.gz (metrics/, plots/, dvc.lock, params.yaml).
 set -u -o pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-archive=$1 out=$(realpath -m "$2") seconds=$3; shift 3
+case $1 in *://*) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # the stages run in $work
+out=$(realpath -m "$2") seconds=$3; shift 3
 work=${FT_WORK:-/tmp/ft-repro}
 mkdir -p "$out"
 

@@ -41,16 +41,19 @@ def test_scaler_is_enabled_only_for_amp(name):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_dataparallel_replicas_run_in_the_configured_dtype(name):
-    """device_ids=[0, 0] makes DataParallel run two replicas in worker threads on one GPU. Plain
-    bf16 autocast around DataParallel lets them fall back to fp16; AutocastForward must not."""
+@pytest.mark.parametrize("device_ids", [[0, 0], pytest.param([0, 1], marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 GPUs"))])
+def test_dataparallel_replicas_run_in_the_configured_dtype(name, device_ids):
+    """DataParallel runs its replicas in worker threads, one per entry of device_ids ([0, 0]: two
+    on one GPU). Plain bf16 autocast around DataParallel lets them fall back to fp16;
+    AutocastForward must not."""
     precision = PRECISIONS[name]
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).cuda()
     seen = []
     for layer in model:
         if isinstance(layer, nn.Linear):
             layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    dp = nn.DataParallel(AutocastForward(model, precision), device_ids=[0, 0])
+    dp = nn.DataParallel(AutocastForward(model, precision), device_ids=device_ids)
     with precision.autocast("cuda"):
         dp(torch.randn(4, 8, device="cuda"))
     assert len(seen) == 4 and set(seen) == {precision.compute_dtype}
