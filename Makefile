@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,docs]'
 	touch $@
 
 demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, in a scratch copy (.demo/)
