@@ -4,6 +4,10 @@
 #   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [k=v ...]          dvc repro, params overrides k=v
 #   scripts/gpu_repro.sh ARCHIVE OUT SECONDS --fast "SEEDS"     then `make fast`'s experiment per seed
 #                                                               (FT_FAST_EXTRA: more -S flags, for a CPU check)
+#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS --queue J [k=v ...] the README's several-GPU recipe: every variant
+#                                                               queued as an experiment with train.nproc=1,
+#                                                               `dvc queue start -j J` (each leases its own
+#                                                               GPU), then `dvc repro` restores them and compares
 #
 # That machine has torch but no DVC and no console scripts: DVC comes from wheels carried in .whl/
 # (installed once into /tmp/site), and `fasttrain`/`dvc` from two small shims. The pipeline runs in
@@ -13,8 +17,10 @@
 # OUT gets the log and results.tar.gz (metrics/, plots/, dvc.lock, params.yaml).
 set -u -o pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-case $1 in *://*) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # the stages run in $work
+case $1 in *://*|cifar10|synthetic) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # stages run in $work
 out=$(realpath -m "$2") seconds=$3; shift 3
+jobs=
+if [ "${1:-}" = --queue ]; then jobs=$2; shift 2; set -- train.nproc=1 "$@"; fi
 work=${FT_WORK:-/tmp/ft-repro}
 mkdir -p "$out"
 
@@ -43,6 +49,24 @@ python3 scripts/overlay.py params.yaml /dev/null params.yaml "data.source=$archi
   $([ "${1:-}" = --fast ] || echo "$@")
 nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/machine.txt"
+
+if [ -n "$jobs" ]; then  # queue every variant's evaluate stage (and what it needs) as an experiment
+  end=$((SECONDS + seconds))
+  dvc repro download > "$out/repro.raw" 2>&1 || { cat "$out/repro.raw"; exit 1; }
+  git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "data and params" || true
+  for v in $(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)'); do
+    dvc exp run --queue -n "$v" "evaluate@$v" >> "$out/repro.raw" 2>&1
+  done
+  dvc queue start -j "$jobs" >> "$out/repro.raw" 2>&1
+  pending() { [[ $(dvc queue status 2>/dev/null) =~ Queued|Running ]]; }  # (no grep -q: pipefail)
+  while pending && [ $SECONDS -lt $end ]; do sleep 5; done
+  pending && dvc queue stop --kill >> "$out/repro.raw" 2>&1  # out of time: stop the workers' runs too
+  dvc queue status | tee -a "$out/repro.log"
+  for v in $(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)'); do
+    dvc queue logs "$v" 2>/dev/null | grep -E "epoch .*/|test accuracy|Traceback|rror" | tail -3 >> "$out/repro.log"
+  done
+  seconds=$(( end > SECONDS + 60 ? end - SECONDS : 60 ))  # what is left for the dvc repro below
+fi
 
 # dvc repro in a process group of its own: at the time limit the whole group gets SIGINT, as from
 # Ctrl-C, so the running stage stops cleanly and its last checkpoint is what the next call resumes.

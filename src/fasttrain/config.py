@@ -57,7 +57,7 @@ class TrainConfig:
     scheduler: str = "plateau"  # plateau: ReduceLROnPlateau on the epoch's train loss; onecycle; none
     plateau_factor: float = 0.1
     plateau_patience: int = 2  # epochs without improvement before the lr is cut
-    nproc: int | None = None  # ddp processes; null = one per visible GPU, 2 on a machine without one
+    nproc: int | None = None  # ddp processes / dp GPUs; null = every visible GPU (ddp: 2 processes without one)
     sync_bn: bool = False  # ddp only: BatchNorm -> SyncBatchNorm (GPUs only)
     device: str = "auto"  # auto: first GPU if any, else CPU
     channels_last: bool = True

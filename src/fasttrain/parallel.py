@@ -31,6 +31,7 @@ class Runtime:
     local_rank: int = 0
     world_size: int = 1
     warnings: list[str] = field(default_factory=list)
+    device_ids: list[int] | None = None  # dp on GPUs: the ones nn.DataParallel spreads over
 
     @property
     def is_main(self) -> bool:
@@ -49,8 +50,8 @@ class Runtime:
     @property
     def replicas(self) -> int:
         """Devices one optimizer step runs on: processes under ddp, GPUs under dp."""
-        if self.parallel == "dp" and self.device.type == "cuda":
-            return torch.cuda.device_count()
+        if self.device_ids:
+            return len(self.device_ids)
         return self.world_size
 
 
@@ -67,10 +68,10 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 2
 
 
-def check_nproc(nproc: int, device_type: str) -> None:
+def check_nproc(nproc: int, device_type: str, what: str = "ddp processes") -> None:
     gpus = torch.cuda.device_count()
     if device_type == "cuda" and nproc > gpus:
-        raise FasttrainError(f"train.nproc = {nproc} ddp processes but only {gpus} GPU(s) visible: "
+        raise FasttrainError(f"train.nproc = {nproc} {what} but only {gpus} GPU(s) visible: "
                              f"set train.nproc to at most {gpus} or null")
 
 
@@ -122,17 +123,24 @@ def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:
     return torch.device("cuda", 0)
 
 
-def setup(parallel: str, device: str = "auto") -> Runtime:
+def setup(parallel: str, device: str = "auto", nproc: int | None = None) -> Runtime:
+    """The runtime of a variant. `nproc` (train.nproc) is, for dp on GPUs, how many GPUs
+    nn.DataParallel spreads over (None: every visible one); ddp's comes from torchrun."""
     if parallel not in PARALLELS:
         raise FasttrainError(f"unknown parallel variant '{parallel}': choose {', '.join(PARALLELS)}")
-    # single leases one GPU, dp all it spreads over (nn.DataParallel takes every visible GPU); ddp
-    # workers use the GPUs their launcher leased for them (launch), or all under a user's torchrun.
-    gpus = {"single": 1, "dp": torch.cuda.device_count()}.get(parallel, 0)
+    # single leases one GPU, dp all it spreads over; ddp workers use the GPUs their launcher leased
+    # for them (launch), or all under a user's torchrun.
+    gpus = 1 if parallel == "single" else 0
+    if parallel == "dp" and torch.cuda.is_available() and device != "cpu":
+        gpus = nproc or torch.cuda.device_count()
+        check_nproc(gpus, "cuda", what="GPUs for dp")
     base = resolve_device(device, lease_gpus=gpus)
     if parallel != "ddp":
         rt = Runtime(parallel, base)
         if parallel == "dp" and base.type != "cuda":
             rt.warnings.append("dp without a GPU runs as one process: nn.DataParallel needs CUDA devices")
+        elif parallel == "dp":  # the leased GPUs (auto), else the first `gpus` visible ones (cuda)
+            rt.device_ids = (lease.hold(gpus).indices if device == "auto" else list(range(gpus)))
         if base.type == "cuda":
             torch.cuda.set_device(base)
         return rt
@@ -168,14 +176,14 @@ def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
         ids = [rt.local_rank] if rt.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
     if rt.parallel == "dp" and rt.device.type == "cuda":
-        return nn.DataParallel(model)
+        return nn.DataParallel(model, device_ids=rt.device_ids)
     return model
 
 
 def wrap_for_inference(model: nn.Module, rt: Runtime) -> nn.Module:
     """No gradients to synchronise: ddp ranks each run their shard of the data on a plain model."""
     if rt.parallel == "dp" and rt.device.type == "cuda":
-        return nn.DataParallel(model)
+        return nn.DataParallel(model, device_ids=rt.device_ids)
     return model
 
 

@@ -51,7 +51,7 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
                          "--params", str(Path(params_path).resolve()), *extra_argv], world_size, max_restarts,
                         device=params.train.device)
         return
-    rt = parallel.setup(parallel_name, params.train.device)
+    rt = parallel.setup(parallel_name, params.train.device, params.train.nproc)
     parallel.silence_non_main(rt)
     try:
         fn(params, PRECISIONS[precision_name], rt, Layout())

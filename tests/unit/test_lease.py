@@ -115,3 +115,30 @@ def test_ddp_launcher_leases_its_workers_gpus(gpus, monkeypatch):
     parallel.launch(["train"], nproc=2, device="auto")
     assert seen == {"visible": "GPU-uuid-1,GPU-uuid-2", "nproc": "2"}
     assert other.indices == [0]
+
+
+def test_dp_takes_train_nproc_gpus_that_no_other_run_holds(gpus, monkeypatch):
+    set_to = []
+    monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
+    other = lease.acquire(1, timeout=0)  # another run holds GPU 0
+    rt = parallel.setup("dp", "auto", nproc=2)
+    assert (rt.device, rt.device_ids, rt.replicas) == (torch.device("cuda", 1), [1, 2], 2)
+    assert set_to == [torch.device("cuda", 1)]
+    assert other.indices == [0]
+
+
+def test_dp_without_nproc_spreads_over_every_visible_gpu_and_cuda_does_not_lease(gpus, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    other = lease.acquire(1, timeout=0)
+    rt = parallel.setup("dp", "cuda")  # train.device cuda: no lease, the first GPUs
+    assert (rt.device, rt.device_ids, rt.replicas) == (torch.device("cuda", 0), [0, 1, 2], 3)
+    assert parallel.setup("dp", "cuda", nproc=1).device_ids == [0]
+    other.release()
+    assert parallel.setup("dp", "auto").device_ids == [0, 1, 2]
+
+
+def test_dp_asking_for_more_gpus_than_visible_fails_in_one_line(gpus):
+    with pytest.raises(FasttrainError, match=r"^train.nproc = 4 GPUs for dp but only 3 GPU\(s\) visible: "
+                                            r"set train.nproc to at most 3 or null$"):
+        parallel.setup("dp", "auto", nproc=4)
+    assert lease.try_acquire(3, lease.gpu_ids()) is not None  # nothing was leased
