@@ -54,7 +54,8 @@ if [ -n "$jobs" ]; then  # queue every variant's evaluate stage (and what it nee
   end=$((SECONDS + seconds))
   dvc repro download > "$out/repro.raw" 2>&1 || { cat "$out/repro.raw"; exit 1; }
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "data and params" || true
-  for v in $(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)'); do
+  variants=$(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)')
+  for v in $variants; do
     dvc exp run --queue -n "$v" "evaluate@$v" >> "$out/repro.raw" 2>&1
   done
   dvc queue start -j "$jobs" >> "$out/repro.raw" 2>&1
@@ -62,7 +63,7 @@ if [ -n "$jobs" ]; then  # queue every variant's evaluate stage (and what it nee
   while pending && [ $SECONDS -lt $end ]; do sleep 5; done
   pending && dvc queue stop --kill >> "$out/repro.raw" 2>&1  # out of time: stop the workers' runs too
   dvc queue status | tee -a "$out/repro.log"
-  for v in $(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)'); do
+  for v in $variants; do
     dvc queue logs "$v" 2>/dev/null | grep -E "epoch .*/|test accuracy|Traceback|rror" | tail -3 >> "$out/repro.log"
   done
   seconds=$(( end > SECONDS + 60 ? end - SECONDS : 60 ))  # what is left for the dvc repro below

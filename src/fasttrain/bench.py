@@ -130,7 +130,7 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
         return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
                                  img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
                                  seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
-                                 channels_last=cfg.channels_last, dtype=dtype if kind == "gpu" else torch.float32)
+                                 channels_last=cfg.channels_last, dtype=dtype)  # the torchvision loader stays float32
 
     paths = {
         "torchvision_workers_0": lambda: _endless(loader("torchvision", 0)),

@@ -214,7 +214,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
             parallel.inject_fault(rt, epoch + 1, step + 1)
             loss = train_step(trainable, precision, x, y)
             steps.record(loss, y.shape[0])  # on the device: a .item() per step would stall the GPU queue
-            lrs.append(optimizer.param_groups[0]["lr"])
+            if writer is not None:  # the lr each step used, for its TensorBoard scalar
+                lrs.append(optimizer.param_groups[0]["lr"])
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
                 scheduler.step()
             progress.step(y.shape[0] * rt.world_size, loss)  # reads the loss only when a refresh is due
