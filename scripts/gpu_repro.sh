@@ -15,6 +15,10 @@
 # between calls: a second call on a still-warm machine carries on where a timed-out one stopped,
 # since finished stages are in dvc.lock and an unfinished train stage resumes from its checkpoint.
 # OUT gets the log and results.tar.gz (metrics/, plots/, dvc.lock, params.yaml).
+# For a run longer than one device call, start it with scripts/detached.sh and OUT=DIR/out, then
+# collect it with further calls made at once (the machine stays warm only ~30 s between calls):
+#   scripts/detached.sh /tmp/ftd 570 -- scripts/gpu_repro.sh ARCHIVE /tmp/ftd/out 1500 --fast "0 1 2"
+#   scripts/detached.sh /tmp/ftd 570
 set -u -o pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 case $1 in *://*|cifar10|synthetic) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # stages run in $work
