@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import glob
-import io
 import pickle
 from pathlib import Path
 
 import torch
 
-from fasttrain.atomic import atomic_write_bytes
+from fasttrain.atomic import atomic_write
 from fasttrain.errors import FasttrainError
 
 
@@ -20,9 +19,7 @@ def save(obj, path: Path) -> None:
     path = Path(path)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         stale.unlink(missing_ok=True)
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write(path, lambda f: torch.save(obj, f))  # streamed: no in-memory copy of the whole file
 
 
 def load(path: Path, map_location="cpu") -> dict:

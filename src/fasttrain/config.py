@@ -54,6 +54,8 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     seed: int = 0
     img_size: int = 227  # pixels per side the 32x32 images are resized to
+    progressive_epochs: int = 0  # progressive resizing: the first N epochs train at progressive_size (gpu loader)
+    progressive_size: int = 160  # pixels per side in those epochs; evaluation is always at img_size
     scheduler: str = "plateau"  # plateau: ReduceLROnPlateau on the epoch's train loss; onecycle; none
     plateau_factor: float = 0.1
     plateau_patience: int = 2  # epochs without improvement before the lr is cut
@@ -68,6 +70,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
     max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
+    checkpoint_every: int = 5  # epochs between training checkpoints (the last epoch always writes one)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ _RANGES = {
     ("train", "lr"): (lambda v: v > 0, "a number > 0"),
     ("train", "weight_decay"): (lambda v: v >= 0, "a number >= 0"),
     ("train", "img_size"): (lambda v: v >= 8, "an integer >= 8"),
+    ("train", "progressive_epochs"): (lambda v: v >= 0, "an integer >= 0 (0: off)"),
+    ("train", "progressive_size"): (lambda v: v >= 8, "an integer >= 8"),
     ("train", "scheduler"): (lambda v: v in SCHEDULERS, "one of " + ", ".join(SCHEDULERS)),
     ("train", "plateau_factor"): (lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("train", "plateau_patience"): (lambda v: v >= 0, "an integer >= 0"),
@@ -109,6 +114,7 @@ _RANGES = {
     ("train", "label_smoothing"): (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("train", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
+    ("train", "checkpoint_every"): (lambda v: v >= 1, "an integer >= 1 (epochs)"),
     ("evaluate", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),
 }
 

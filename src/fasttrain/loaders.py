@@ -190,6 +190,12 @@ class GpuLoader:
             self._order = torch.arange(rank, n, world_size, device=self.device)[None]
             self.num_samples = self._order.shape[1]
 
+    def set_img_size(self, img_size: int) -> None:
+        """Resize to img_size from the next epoch on (progressive resizing)."""
+        if img_size < 1:
+            raise FasttrainError(f"img_size must be positive, got {img_size}")
+        self.img_size = img_size
+
     def set_epoch(self, epoch: int) -> None:
         if not self.train:
             return

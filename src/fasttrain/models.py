@@ -50,7 +50,7 @@ def min_img_size(name: str, limit: int = 512) -> int:
     return hi
 
 
-def check_img_size(name: str, img_size: int) -> None:
+def check_img_size(name: str, img_size: int, key: str = "train.img_size") -> None:
     smallest = min_img_size(name)
     if img_size < smallest:
-        raise FasttrainError(f"train.img_size = {img_size} is too small for {name}: it needs at least {smallest}")
+        raise FasttrainError(f"{key} = {img_size} is too small for {name}: it needs at least {smallest}")

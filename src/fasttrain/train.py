@@ -35,7 +35,17 @@ from fasttrain.variant import run_variant, variant_options
 
 def check_train(params: config.Params, world_size: int) -> None:
     """Everything that can be rejected before a process is started or a file is touched."""
-    check_img_size(params.model.name, params.train.img_size)
+    cfg = params.train
+    check_img_size(params.model.name, cfg.img_size)
+    if cfg.progressive_epochs:
+        if params.data.loader != "gpu":
+            raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} needs data.loader: gpu "
+                                 f"(the torchvision loader resizes at one size in its workers): set it to 0 "
+                                 f"or use the gpu loader")
+        if cfg.progressive_epochs >= cfg.epochs:
+            raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
+                                 f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
+        check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
     if params.train.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {params.train.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
@@ -48,10 +58,16 @@ def resolved_config(params: config.Params, parallel_name: str, precision_name: s
     """What the run depends on: the params that shape training, plus the variant and the world size."""
     resolved = config.to_dict(params)
     resolved.pop("evaluate")
-    for key in ("log_every_steps", "max_restarts"):  # how a run is watched or restarted, not what it computes
+    # how a run is watched, restarted or checkpointed, not what it computes
+    for key in ("log_every_steps", "max_restarts", "checkpoint_every"):
         resolved["train"].pop(key)
     resolved["variant"] = {"parallel": parallel_name, "precision": precision_name, "world_size": world_size}
     return resolved
+
+
+def train_sizes(cfg: config.TrainConfig) -> list[int]:
+    """The resolutions training runs at, in order: progressive_size first when it is used."""
+    return [cfg.progressive_size, cfg.img_size] if cfg.progressive_epochs else [cfg.img_size]
 
 
 def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
@@ -92,6 +108,7 @@ class EpochRecord:
     test_accuracy: float | None
     lr: float
     images: int
+    img_size: int | None = None  # the training resolution (None in checkpoints from before progressive resizing)
 
     @property
     def images_per_second(self) -> float:
@@ -185,6 +202,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         state = _state_from_dict(ckpt["state"])
         set_rng_state(ckpt["rng"][rt.rank])
         log(f"{variant}: resuming from {resume_from} after epoch {state.epoch}")
+    saved_epoch = state.epoch  # the epoch the newest checkpoint of this run holds (0: none yet)
 
     writer = None
     if rt.is_main:
@@ -197,13 +215,16 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     compile_seconds = None
     if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
         shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
-        compile_seconds = warm_up(trainable, precision, shapes, cfg.img_size, len(dataset.classes),
-                                  cfg.channels_last, rt.device, dtype)
+        compile_seconds = sum(warm_up(trainable, precision, shapes, size, len(dataset.classes),
+                                      cfg.channels_last, rt.device, dtype) for size in train_sizes(cfg))
         log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
     for epoch in range(state.epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
+        size = cfg.progressive_size if epoch < cfg.progressive_epochs else cfg.img_size
+        if cfg.progressive_epochs:  # (the gpu loader: check_train)
+            train_loader.set_img_size(size)
         net.train()
         steps = StepLog(len(train_loader), rt.device, scaler)
         lrs = []
@@ -235,7 +256,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
             earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
                                     dtype=torch.int64, device=rt.device)
             step_no = 1 - int(parallel.all_reduce(earliest, rt, op="max"))
-            kept = f"the last good checkpoint is {ckpt_path}" if state.epoch else "no checkpoint was written yet"
+            kept = (f"the last good checkpoint is {ckpt_path} (epoch {saved_epoch})" if saved_epoch
+                    else "no checkpoint of this run was written yet")
             raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
                                  f"({bad} step(s)); {kept}")
         if writer is not None:  # per-step scalars, written from the epoch's log: no sync inside the epoch
@@ -256,17 +278,20 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(epoch_loss)
         record = EpochRecord(epoch + 1, float(seconds_t[0]), epoch_loss, accuracy,
-                             optimizer.param_groups[0]["lr"], seen)
+                             optimizer.param_groups[0]["lr"], seen, size)
         state.history.append(record)
         state.epoch = epoch + 1
-        log(f"{variant}: epoch {record.epoch}/{cfg.epochs}  loss {epoch_loss:.4f}  "
+        at = f" at {size} px" if cfg.progressive_epochs else ""
+        log(f"{variant}: epoch {record.epoch}/{cfg.epochs}{at}  loss {epoch_loss:.4f}  "
             f"test acc {accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s")
         if writer is not None:
             writer.add_scalar("epoch/train_loss", epoch_loss, record.epoch)
             writer.add_scalar("epoch/test_accuracy", accuracy, record.epoch)
             writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
             writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
-        _save_checkpoint(ckpt_path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt)
+        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs:
+            _save_checkpoint(ckpt_path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt)
+            saved_epoch = state.epoch
 
     peak, peak_kind = peak_memory_mb(rt)
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
@@ -282,7 +307,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                             "batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
                             "img_size": cfg.img_size, "loader": params.data.loader,
                             "world_size": rt.world_size, "device": rt.device_name, "seed": cfg.seed,
-                            "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "compile": cfg.compile},
+                            "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "compile": cfg.compile,
+                            "progressive_epochs": cfg.progressive_epochs, "progressive_size": cfg.progressive_size},
                            {"hparam/images_per_second": metrics["images_per_second"],
                             "hparam/epoch_seconds": metrics["epoch_seconds"],
                             "hparam/peak_memory_mb": metrics["peak_memory_mb"],
@@ -313,13 +339,14 @@ def _save_checkpoint(path, raw, optimizer, scheduler, scaler, state, resolved, d
 def _history_csv(history: list[EpochRecord]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second"])
+    w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second",
+                "img_size"])
     elapsed = 0.0
     for r in history:
         elapsed += r.seconds
         w.writerow([r.epoch, f"{elapsed:.3f}", f"{r.seconds:.3f}", f"{r.train_loss:.6f}",
                     "" if r.test_accuracy is None else f"{r.test_accuracy:.6f}", f"{r.lr:.3g}",
-                    f"{r.images_per_second:.1f}"])
+                    f"{r.images_per_second:.1f}", "" if r.img_size is None else r.img_size])
     return out.getvalue()
 
 

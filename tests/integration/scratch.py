@@ -54,7 +54,7 @@ TINY = {
              "loader": "gpu", "workers": 0, "pin_memory": False},
     "model": {"name": "squeezenet1_1"},
     "train": {"epochs": 1, "batch_size": 32, "lr": 1e-3, "img_size": 32, "scheduler": "none",
-              "log_every_steps": 1},
+              "log_every_steps": 1, "checkpoint_every": 1},
     "evaluate": {"batch_size": 50},
 }
 

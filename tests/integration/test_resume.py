@@ -240,6 +240,56 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
     assert not layout.model("single-fp32").exists() and not layout.train_metrics("single-fp32").exists()
 
 
+def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_the_newest(tmp_path, monkeypatch):
+    """checkpoint_every: 2 over 5 epochs writes after epochs 2, 4 and 5. A crash in epoch 4 resumes
+    after epoch 2, names it, and ends with the uninterrupted run's weights; a NaN there names it too."""
+    from fasttrain.data import make_synthetic, save_dataset
+
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 5, "checkpoint_every": 2,
+                                                 "device": "cpu"}})
+    rt = parallel.setup("single", "cpu")
+    real_save, real_step = checkpoint.save, engine.train_step
+    saved = []
+    monkeypatch.setattr("fasttrain.train.checkpoint.save",
+                        lambda obj, path: (saved.append(obj.get("state", {}).get("epoch")), real_save(obj, path)))
+
+    def run(root: Path, fail_at_step: int | None = None, failure=RuntimeError("crash")):
+        layout = Layout(root)
+        if not layout.dataset.exists():
+            save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 steps an epoch
+        steps, logs = [], []
+
+        def step(t, precision, x, y):
+            steps.append(1)
+            if len(steps) == fail_at_step:
+                if isinstance(failure, Exception):
+                    raise failure
+                return real_step(t, precision, x, y) * float("nan")
+            return real_step(t, precision, x, y)
+
+        monkeypatch.setattr("fasttrain.train.train_step", step)
+        train(params, PRECISIONS["fp32"], rt, layout, log=logs.append)
+        return layout, logs
+
+    whole, _ = run(tmp_path / "whole")
+    assert saved == [2, 4, 5, None]  # None: the final model, which holds no training state
+
+    saved.clear()
+    with pytest.raises(RuntimeError, match="crash"):
+        run(tmp_path / "crashed", fail_at_step=7)  # epoch 4, step 1
+    assert saved == [2]
+    layout, logs = run(tmp_path / "crashed")
+    assert any("resuming from" in m and "after epoch 2" in m for m in logs), logs
+    assert saved == [2, 4, 5, None]
+    assert_same_state(final_model(whole.root, "single-fp32"), final_model(layout.root, "single-fp32"))
+
+    with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 1 \(1 step\(s\)\); "
+                                             r"no checkpoint of this run was written yet"):
+        run(tmp_path / "nan-early", fail_at_step=3, failure=None)
+    with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 4, step 1 .*last\.pt \(epoch 2\)$"):
+        run(tmp_path / "nan-late", fail_at_step=7, failure=None)
+
+
 # --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
 
 RESTARTABLE = {"train": {"epochs": 3, "max_restarts": 1, "device": "cpu", "nproc": 2}}  # gloo, GPUs or not

@@ -132,6 +132,7 @@ CASES = {
     "CUDA-graph compile mode": Case(TRAIN, "train.compile_mode = 'reduce-overhead' is out of range: must be one of "
                                     "default, max-autotune-no-cudagraphs", {"train": {"compile_mode": "reduce-overhead"}}),
     "log interval zero": Case(TRAIN, "train.log_every_steps = 0", {"train": {"log_every_steps": 0}}),
+    "checkpoint interval zero": Case(TRAIN, "train.checkpoint_every = 0", {"train": {"checkpoint_every": 0}}),
     "eval batch zero": Case(EVALUATE, "evaluate.batch_size = 0 is out of range", {"evaluate": {"batch_size": 0}}),
     "workers negative": Case(TRAIN, "data.workers = -1 is out of range", {"data": {"workers": -1}}),
     "synthetic size too small": Case(DOWNLOAD, "data.synthetic_train_size = 5 is out of range",
@@ -139,6 +140,17 @@ CASES = {
     "img_size below 63 for alexnet": Case(TRAIN, "train.img_size = 62 is too small for alexnet: it needs at least 63",
                                           {"model": {"name": "alexnet"}, "train": {"img_size": 62}}),
     "img_size below any model": Case(TRAIN, "train.img_size = 4 is out of range", {"train": {"img_size": 4}}),
+    "progressive size below alexnet's": Case(
+        TRAIN, "train.progressive_size = 48 is too small for alexnet: it needs at least 63",
+        {"model": {"name": "alexnet"}, "train": {"img_size": 64, "progressive_epochs": 1, "progressive_size": 48}}),
+    "progressive resizing with the torchvision loader": Case(
+        TRAIN, "train.progressive_epochs = 1 needs data.loader: gpu (the torchvision loader resizes at one size",
+        {"data": {"loader": "torchvision"}, "train": {"progressive_epochs": 1, "progressive_size": 24}}),
+    "progressive resizing for every epoch": Case(
+        TRAIN, "train.progressive_epochs = 2 leaves no epoch at train.img_size = 32: use fewer than train.epochs = 2",
+        {"train": {"progressive_epochs": 2, "progressive_size": 24}}),
+    "progressive epochs negative": Case(TRAIN, "train.progressive_epochs = -1 is out of range",
+                                        {"train": {"progressive_epochs": -1}}),
     # wrong types
     "epochs a string": Case(TRAIN, "train.epochs must be an integer, got 'ten'", {"train": {"epochs": "ten"}}),
     "epochs a float": Case(TRAIN, "train.epochs must be an integer, got 2.5", {"train": {"epochs": 2.5}}),

@@ -182,6 +182,20 @@ def test_gpu_batches_do_not_depend_on_how_many_are_made_at_once(monkeypatch, chu
         assert x.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_gpu_set_img_size_changes_the_size_from_the_next_batch_on():
+    images, labels = _data(40)
+    loader = make_train_loader("gpu", images, labels, batch_size=16, img_size=24, device="cpu",
+                               augment=False, seed=0)
+    assert {x.shape[-1] for x, _ in loader} == {24}
+    first = [y for _, y in loader]
+    loader.set_img_size(40)
+    shapes = [tuple(x.shape) for x, _ in loader]
+    assert shapes == [(16, 3, 40, 40), (16, 3, 40, 40), (8, 3, 40, 40)]
+    assert all(torch.equal(a, b) for a, b in zip(first, (y for _, y in loader), strict=True))  # same order
+    with pytest.raises(FasttrainError, match="img_size must be positive, got 0"):
+        loader.set_img_size(0)
+
+
 def test_gpu_resize_matches_interpolate_exactly():
     images, labels = _data(n=20, size=8)
     loader = make_eval_loader("gpu", images, labels, batch_size=6, img_size=20, device=CPU)

@@ -1,0 +1,71 @@
+"""Progressive resizing: the first `progressive_epochs` train at `progressive_size`, the rest at
+`img_size`, and test accuracy is measured at `img_size` throughout."""
+
+import csv
+
+import pytest
+
+from scratch import TINY
+
+from fasttrain import config, engine, parallel
+from fasttrain.data import make_synthetic, save_dataset
+from fasttrain.layout import Layout
+from fasttrain.precision import PRECISIONS
+from fasttrain.train import train, train_sizes
+
+
+def test_the_first_epochs_train_small_the_rest_and_every_evaluation_at_img_size(tmp_path, monkeypatch):
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 training steps an epoch
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "img_size": 32, "device": "cpu",
+                                                 "progressive_epochs": 2, "progressive_size": 20}})
+    assert train_sizes(params.train) == [20, 32]
+    seen = {"train": [], "eval": []}
+    real_build = engine.build_trainable
+
+    def build(*args, **kwargs):  # every input the model gets, by mode
+        t = real_build(*args, **kwargs)
+        t.raw.register_forward_pre_hook(
+            lambda m, inputs: seen["train" if m.training else "eval"].append(inputs[0].shape[-1]))
+        return t
+
+    monkeypatch.setattr("fasttrain.train.build_trainable", build)
+    logs = []
+    train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=logs.append)
+
+    assert seen["train"] == [20, 20, 20, 20, 32, 32]
+    assert set(seen["eval"]) == {32} and len(seen["eval"]) == 3  # one 50-image batch after each epoch
+    with open(layout.train_plot("single-fp32")) as f:
+        assert [r["img_size"] for r in csv.DictReader(f)] == ["20", "20", "32"]
+    assert [m.split("  ")[0].split(": ")[1] for m in logs if " epoch " in m] == [
+        "epoch 1/3 at 20 px", "epoch 2/3 at 20 px", "epoch 3/3 at 32 px"]
+
+
+def test_without_progressive_epochs_every_epoch_trains_at_img_size():
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "progressive_size": 20}})
+    assert params.train.progressive_epochs == 0 and train_sizes(params.train) == [32]
+
+
+@pytest.mark.slow
+def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
+    """torch.compile (inductor on the CPU, ~1.5 min): the warm-up compiles the graphs of both sizes,
+    counted in compile_seconds; epoch 1's evaluation adds the eval-mode graph; and then no epoch,
+    not even the first at img_size, compiles anything."""
+    from torch._dynamo.utils import counters
+
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "img_size": 32, "device": "cpu",
+                                                 "progressive_epochs": 1, "progressive_size": 20, "compile": True}})
+    graphs = {}
+
+    def log(msg):
+        graphs[msg.split("  ")[0]] = counters["stats"]["unique_graphs"]
+
+    before = counters["stats"]["unique_graphs"]
+    metrics = train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=log)
+    assert metrics["compile_seconds"] > 0
+    compiled = next(n for msg, n in graphs.items() if msg.startswith("single-fp32: compiled in ")) - before
+    assert compiled == 2  # one training graph per size (64 images: no short last batch)
+    after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]
+    assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1
