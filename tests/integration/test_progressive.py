@@ -4,7 +4,6 @@
 import csv
 
 import pytest
-
 from scratch import TINY
 
 from fasttrain import config, engine, parallel

@@ -253,7 +253,7 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
     monkeypatch.setattr("fasttrain.train.checkpoint.save",
                         lambda obj, path: (saved.append(obj.get("state", {}).get("epoch")), real_save(obj, path)))
 
-    def run(root: Path, fail_at_step: int | None = None, failure=RuntimeError("crash")):
+    def run(root: Path, fail_at_step: int | None = None, nan: bool = False):
         layout = Layout(root)
         if not layout.dataset.exists():
             save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 steps an epoch
@@ -262,8 +262,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
         def step(t, precision, x, y):
             steps.append(1)
             if len(steps) == fail_at_step:
-                if isinstance(failure, Exception):
-                    raise failure
+                if not nan:
+                    raise RuntimeError("crash")
                 return real_step(t, precision, x, y) * float("nan")
             return real_step(t, precision, x, y)
 
@@ -285,9 +285,9 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
 
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 1 \(1 step\(s\)\); "
                                              r"no checkpoint of this run was written yet"):
-        run(tmp_path / "nan-early", fail_at_step=3, failure=None)
+        run(tmp_path / "nan-early", fail_at_step=3, nan=True)
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 4, step 1 .*last\.pt \(epoch 2\)$"):
-        run(tmp_path / "nan-late", fail_at_step=7, failure=None)
+        run(tmp_path / "nan-late", fail_at_step=7, nan=True)
 
 
 # --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
