@@ -11,6 +11,12 @@ memory traffic left is that store. On H200s (batch 512, bf16, compiled; two runs
 the gpu loader went from 93.4% of the compute ceiling without it to 95.0% with it (README,
 "Results on the GPU machine").
 
+That kernel computed every output value on its own: its sample, crop, flip and bilinear weights
+once per channel, with int64 division by the sizes. At about 80M values a batch that index
+arithmetic, not the 158 MB store, is the likely cost of the 0.5 ms a step the loader still took.
+A program now makes a block of pixels with all their channels, the per-pixel work done once and in
+int32. That change is checked against the tensor ops here, but not yet timed on a GPU.
+
 The arithmetic is PyTorch's bilinear ``align_corners=False`` (half-pixel centres, source index
 clamped at 0, lambdas from the truncated index) on the uint8 values, divided by 255 at the end;
 values agree with the reference to float32 rounding (1e-6), hence after the cast to within one
@@ -26,7 +32,8 @@ import os
 import torch
 
 DISABLE_ENV = "FASTTRAIN_FUSED_LOADER"  # "0": use the tensor-op chain on the GPU too (A/B timing)
-BLOCK = 1024  # output values per program
+BLOCK = 256  # output pixels per program (x 4 channel columns, one masked for RGB)
+INT32_PIXELS = 2**31  # from this many output pixels on, pixel indices are int64 (WIDE)
 
 
 def enabled(images: torch.Tensor) -> bool:
@@ -48,55 +55,66 @@ def _kernel():
         return None
 
     @triton.jit
-    def gather_crop_flip_resize(src, idx, dy, dx, flip, out, n_out, scale_h, scale_w,
-                                C: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+    def gather_crop_flip_resize(src, idx, dy, dx, flip, out, n_pix, scale_h, scale_w,
+                                C: tl.constexpr, CP: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
                                 OH: tl.constexpr, OW: tl.constexpr, PAD: tl.constexpr,
-                                AUGMENT: tl.constexpr, NHWC: tl.constexpr,
+                                AUGMENT: tl.constexpr, NHWC: tl.constexpr, WIDE: tl.constexpr,
                                 BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n_out
-        if NHWC:  # offs walks the output in memory order, so the stores are coalesced
-            c = offs % C
-            ox = (offs // C) % OW
-            oy = (offs // (C * OW)) % OH
-            b = offs // (C * OW * OH)
+        # A program makes BLOCK output pixels x all C channels: a [BLOCK, CP] tile (CP: C rounded up
+        # to a power of two, the extra column masked). The pixel's coordinates, its sample, crop and
+        # flip and its bilinear weights are worked out once for its C values, in int32 (WIDE: int64
+        # for more than 2**31 pixels); only memory offsets into the source and the output are int64.
+        if WIDE:
+            p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         else:
-            ox = offs % OW
-            oy = (offs // OW) % OH
-            c = (offs // (OW * OH)) % C
-            b = offs // (OW * OH * C)
-        image = tl.load(idx + b, mask=mask, other=0)
+            p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        pmask = p < n_pix
+        ox = p % OW
+        t = p // OW
+        oy = t % OH
+        b = t // OH
+        image = tl.load(idx + b, mask=pmask, other=0)
         # source coordinates in the (cropped) source image, as upsample_bilinear2d computes them
         sy = tl.maximum(scale_h * (oy.to(tl.float32) + 0.5) - 0.5, 0.0)
         sx = tl.maximum(scale_w * (ox.to(tl.float32) + 0.5) - 0.5, 0.0)
         y0 = sy.to(tl.int32)  # truncation == floor: sy >= 0
         x0 = sx.to(tl.int32)
-        ly = sy - y0.to(tl.float32)
-        lx = sx - x0.to(tl.float32)
+        ly = (sy - y0.to(tl.float32))[:, None]
+        lx = (sx - x0.to(tl.float32))[:, None]
         y1 = y0 + (y0 < H - 1).to(tl.int32)
         x1 = x0 + (x0 < W - 1).to(tl.int32)
         if AUGMENT:  # crop of the zero-padded image, read right to left when flipped
-            oy_ = tl.load(dy + b, mask=mask, other=PAD).to(tl.int32) - PAD
-            ox_ = tl.load(dx + b, mask=mask, other=PAD).to(tl.int32) - PAD
-            fl = tl.load(flip + b, mask=mask, other=0) != 0
+            oy_ = tl.load(dy + b, mask=pmask, other=PAD).to(tl.int32) - PAD
+            ox_ = tl.load(dx + b, mask=pmask, other=PAD).to(tl.int32) - PAD
+            fl = tl.load(flip + b, mask=pmask, other=0) != 0
             y0 = y0 + oy_
             y1 = y1 + oy_
             x0 = tl.where(fl, W - 1 - x0, x0) + ox_
             x1 = tl.where(fl, W - 1 - x1, x1) + ox_
-        plane = src + (image * C + c) * (H * W)
+        c = tl.arange(0, CP)
+        mask = pmask[:, None] & (c < C)[None, :]
+        plane = src + ((image * C)[:, None] + c[None, :]) * (H * W)  # [BLOCK, CP] channel planes
         in_y0 = (y0 >= 0) & (y0 < H)
         in_y1 = (y1 >= 0) & (y1 < H)
         in_x0 = (x0 >= 0) & (x0 < W)
         in_x1 = (x1 >= 0) & (x1 < W)
-        v00 = tl.load(plane + y0 * W + x0, mask=mask & in_y0 & in_x0, other=0).to(tl.float32)
-        v01 = tl.load(plane + y0 * W + x1, mask=mask & in_y0 & in_x1, other=0).to(tl.float32)
-        v10 = tl.load(plane + y1 * W + x0, mask=mask & in_y1 & in_x0, other=0).to(tl.float32)
-        v11 = tl.load(plane + y1 * W + x1, mask=mask & in_y1 & in_x1, other=0).to(tl.float32)
-        val = ((1.0 - ly) * ((1.0 - lx) * v00 + lx * v01)
-               + ly * ((1.0 - lx) * v10 + lx * v11)) / 255.0
-        tl.store(out + offs, val.to(out.dtype.element_ty), mask=mask)
+        v00 = tl.load(plane + (y0 * W + x0)[:, None], mask=mask & (in_y0 & in_x0)[:, None], other=0)
+        v01 = tl.load(plane + (y0 * W + x1)[:, None], mask=mask & (in_y0 & in_x1)[:, None], other=0)
+        v10 = tl.load(plane + (y1 * W + x0)[:, None], mask=mask & (in_y1 & in_x0)[:, None], other=0)
+        v11 = tl.load(plane + (y1 * W + x1)[:, None], mask=mask & (in_y1 & in_x1)[:, None], other=0)
+        val = ((1.0 - ly) * ((1.0 - lx) * v00.to(tl.float32) + lx * v01.to(tl.float32))
+               + ly * ((1.0 - lx) * v10.to(tl.float32) + lx * v11.to(tl.float32))) / 255.0
+        if NHWC:  # pixel-major, channels innermost: a tile is one contiguous run of the output
+            o = p.to(tl.int64)[:, None] * C + c[None, :]
+        else:  # one contiguous run of each channel plane
+            o = (b.to(tl.int64)[:, None] * C + c[None, :]) * (OH * OW) + (oy * OW + ox)[:, None]
+        tl.store(out + o, val.to(out.dtype.element_ty), mask=mask)
 
     return gather_crop_flip_resize
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor | None,
@@ -114,11 +132,12 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
         return out
     images = images.contiguous()
     dy, dx, flip = (aug[0], aug[1], aug[2]) if aug is not None else (idx, idx, idx)  # unused
-    n_out = out.numel()
+    n_pix = b * img_size * img_size
     with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
-        _kernel()[(-(-n_out // BLOCK),)](
-            images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_out,
-            h / img_size, w / img_size, C=c, H=h, W=w, OH=img_size, OW=img_size, PAD=padding,
-            AUGMENT=aug is not None, NHWC=channels_last and c > 1, BLOCK=BLOCK)
+        _kernel()[(-(-n_pix // BLOCK),)](
+            images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_pix,
+            h / img_size, w / img_size, C=c, CP=triton_next_power_of_2(c), H=h, W=w, OH=img_size,
+            OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and c > 1,
+            WIDE=n_pix + BLOCK >= INT32_PIXELS, BLOCK=BLOCK)
     return out
 

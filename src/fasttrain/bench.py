@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fasttrain import atomic, config, parallel
+from fasttrain import atomic, batch_kernel, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize, train_step,
                               warm_up)
@@ -160,7 +160,9 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
             f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
-           "fused_adamw": cfg.fused_adamw, "compile_seconds": round(compile_seconds, 3), "paths": results}
+           "fused_adamw": cfg.fused_adamw, "compile_seconds": round(compile_seconds, 3),
+           "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
+           "paths": results}
     if only is None:
         gpu = results["gpu_loader"]["images_per_second"]
         row["gpu_loader_over_torchvision_workers_0"] = round(gpu / results["torchvision_workers_0"]["images_per_second"], 2)
@@ -201,6 +203,8 @@ def to_markdown(result: dict) -> str:
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
         for path, r in case["paths"].items():
+            if path == "gpu_loader":
+                path += " (Triton kernel)" if case.get("gpu_loader_kernel") else " (tensor ops)"
             lines.append(f"| {name} | {path} | {r['images_per_second']:,.0f} | {100 * r['model_flop_utilisation']:.1f}% |")
         lines.append(f"| {name} | gpu loader / torchvision (0 workers) | {case['gpu_loader_over_torchvision_workers_0']:.1f}x | |")
         lines.append(f"| {name} | gpu loader / compute ceiling | {100 * case['gpu_loader_over_compute_ceiling']:.1f}% | |")

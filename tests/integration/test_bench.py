@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from scratch import run
 
@@ -22,6 +23,7 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
         for path in case["paths"].values():
             assert path["images_per_second"] > 0 and path["steps"] >= 3 * 2 and 0 < path["model_flop_utilisation"]
             assert len(path["each_round"]) == 3 and path["images_per_second"] == sorted(path["each_round"])[1]
+        assert case["gpu_loader_kernel"] is torch.cuda.is_available()  # the CPU loader uses the tensor ops
         gpu = case["paths"]["gpu_loader"]["images_per_second"]
         assert case["gpu_loader_over_compute_ceiling"] == pytest.approx(
             gpu / case["paths"]["compute_ceiling"]["images_per_second"], rel=1e-2)

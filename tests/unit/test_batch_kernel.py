@@ -68,6 +68,20 @@ def test_fused_matches_the_tensor_op_chain(augment, channels_last, dtype, img_si
 
 
 @needs_kernel
+def test_int64_pixel_indices_give_the_same_batch(monkeypatch):
+    """The WIDE path (over 2**31 output pixels, ~13 GB in bf16) on a small batch."""
+    images = torch.randint(0, 256, (5, 3, 12, 12), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    idx = torch.tensor([4, 0, 2], device=DEVICE)
+    aug = torch.tensor([[0, 8, 3], [8, 1, 4], [1, 0, 1]], device=DEVICE)
+    narrow = batch_kernel.gather_crop_flip_resize(images, idx, aug, 17, True, torch.float32, CROP_PADDING_PX)
+    monkeypatch.setattr(batch_kernel, "INT32_PIXELS", 0)
+    wide = batch_kernel.gather_crop_flip_resize(images, idx, aug, 17, True, torch.float32, CROP_PADDING_PX)
+    assert torch.equal(wide, narrow)
+    torch.testing.assert_close(wide, _reference(images, idx, aug, 17, True, torch.float32), rtol=0, atol=1e-6)
+
+
+@needs_kernel
 def test_loader_batches_with_and_without_the_kernel_agree(monkeypatch):
     images = torch.randint(0, 256, (29, 3, 10, 10), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(0))
