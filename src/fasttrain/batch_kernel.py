@@ -13,9 +13,11 @@ the gpu loader went from 93.4% of the compute ceiling without it to 95.0% with i
 
 That kernel computed every output value on its own: its sample, crop, flip and bilinear weights
 once per channel, with int64 division by the sizes. At about 80M values a batch that index
-arithmetic, not the 158 MB store, is the likely cost of the 0.5 ms a step the loader still took.
-A program now makes a block of pixels with all their channels, the per-pixel work done once and in
-int32. That change is checked against the tensor ops here, but not yet timed on a GPU.
+arithmetic, not the 158 MB store, is the likely cost of the ~0.5 ms a step the gpu loader still
+took over the ceiling: compiled for sm_90 (Hopper) it was 166 instructions per output value
+(`scripts/kernel_sass.py`). A program now makes a block of pixels, each in all its channels, with
+the per-pixel work done once and in int32: 59 instructions per value. That count is of the code,
+not a timing: the change is checked against the tensor ops here but not yet timed on a GPU.
 
 The arithmetic is PyTorch's bilinear ``align_corners=False`` (half-pixel centres, source index
 clamped at 0, lambdas from the truncated index) on the uint8 values, divided by 255 at the end;
@@ -32,7 +34,7 @@ import os
 import torch
 
 DISABLE_ENV = "FASTTRAIN_FUSED_LOADER"  # "0": use the tensor-op chain on the GPU too (A/B timing)
-BLOCK = 256  # output pixels per program (x 4 channel columns, one masked for RGB)
+BLOCK = 256  # output pixels per program (each in all its channels)
 INT32_PIXELS = 2**31  # from this many output pixels on, pixel indices are int64 (WIDE)
 
 
@@ -56,14 +58,14 @@ def _kernel():
 
     @triton.jit
     def gather_crop_flip_resize(src, idx, dy, dx, flip, out, n_pix, scale_h, scale_w,
-                                C: tl.constexpr, CP: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+                                C: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
                                 OH: tl.constexpr, OW: tl.constexpr, PAD: tl.constexpr,
                                 AUGMENT: tl.constexpr, NHWC: tl.constexpr, WIDE: tl.constexpr,
                                 BLOCK: tl.constexpr):
-        # A program makes BLOCK output pixels x all C channels: a [BLOCK, CP] tile (CP: C rounded up
-        # to a power of two, the extra column masked). The pixel's coordinates, its sample, crop and
-        # flip and its bilinear weights are worked out once for its C values, in int32 (WIDE: int64
-        # for more than 2**31 pixels); only memory offsets into the source and the output are int64.
+        # A program makes BLOCK output pixels, each in all C channels. The pixel's coordinates,
+        # sample, crop, flip, four source offsets and bilinear weights are worked out once for its C
+        # values, in int32 (WIDE: int64 past 2**31 pixels); only the memory offsets of the image and
+        # the output are int64. The C loads and stores of a pixel step through its channel planes.
         if WIDE:
             p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         else:
@@ -79,8 +81,8 @@ def _kernel():
         sx = tl.maximum(scale_w * (ox.to(tl.float32) + 0.5) - 0.5, 0.0)
         y0 = sy.to(tl.int32)  # truncation == floor: sy >= 0
         x0 = sx.to(tl.int32)
-        ly = (sy - y0.to(tl.float32))[:, None]
-        lx = (sx - x0.to(tl.float32))[:, None]
+        ly = sy - y0.to(tl.float32)
+        lx = sx - x0.to(tl.float32)
         y1 = y0 + (y0 < H - 1).to(tl.int32)
         x1 = x0 + (x0 < W - 1).to(tl.int32)
         if AUGMENT:  # crop of the zero-padded image, read right to left when flipped
@@ -91,30 +93,38 @@ def _kernel():
             y1 = y1 + oy_
             x0 = tl.where(fl, W - 1 - x0, x0) + ox_
             x1 = tl.where(fl, W - 1 - x1, x1) + ox_
-        c = tl.arange(0, CP)
-        mask = pmask[:, None] & (c < C)[None, :]
-        plane = src + ((image * C)[:, None] + c[None, :]) * (H * W)  # [BLOCK, CP] channel planes
         in_y0 = (y0 >= 0) & (y0 < H)
         in_y1 = (y1 >= 0) & (y1 < H)
         in_x0 = (x0 >= 0) & (x0 < W)
         in_x1 = (x1 >= 0) & (x1 < W)
-        v00 = tl.load(plane + (y0 * W + x0)[:, None], mask=mask & (in_y0 & in_x0)[:, None], other=0)
-        v01 = tl.load(plane + (y0 * W + x1)[:, None], mask=mask & (in_y0 & in_x1)[:, None], other=0)
-        v10 = tl.load(plane + (y1 * W + x0)[:, None], mask=mask & (in_y1 & in_x0)[:, None], other=0)
-        v11 = tl.load(plane + (y1 * W + x1)[:, None], mask=mask & (in_y1 & in_x1)[:, None], other=0)
-        val = ((1.0 - ly) * ((1.0 - lx) * v00.to(tl.float32) + lx * v01.to(tl.float32))
-               + ly * ((1.0 - lx) * v10.to(tl.float32) + lx * v11.to(tl.float32))) / 255.0
-        if NHWC:  # pixel-major, channels innermost: a tile is one contiguous run of the output
-            o = p.to(tl.int64)[:, None] * C + c[None, :]
-        else:  # one contiguous run of each channel plane
-            o = (b.to(tl.int64)[:, None] * C + c[None, :]) * (OH * OW) + (oy * OW + ox)[:, None]
-        tl.store(out + o, val.to(out.dtype.element_ty), mask=mask)
+        m00 = pmask & in_y0 & in_x0
+        m01 = pmask & in_y0 & in_x1
+        m10 = pmask & in_y1 & in_x0
+        m11 = pmask & in_y1 & in_x1
+        o00 = y0 * W + x0
+        o01 = y0 * W + x1
+        o10 = y1 * W + x0
+        o11 = y1 * W + x1
+        hy = 1.0 - ly
+        hx = 1.0 - lx
+        plane = src + image * (C * H * W)
+        if NHWC:
+            dst = out + p.to(tl.int64) * C
+        else:
+            dst = out + b.to(tl.int64) * (C * OH * OW) + (oy * OW + ox)
+        for c in tl.static_range(C):
+            v00 = tl.load(plane + o00, mask=m00, other=0).to(tl.float32)
+            v01 = tl.load(plane + o01, mask=m01, other=0).to(tl.float32)
+            v10 = tl.load(plane + o10, mask=m10, other=0).to(tl.float32)
+            v11 = tl.load(plane + o11, mask=m11, other=0).to(tl.float32)
+            v = (hy * (hx * v00 + lx * v01) + ly * (hx * v10 + lx * v11)) / 255.0  # the reference's order
+            if NHWC:
+                tl.store(dst + c, v.to(out.dtype.element_ty), mask=pmask)
+            else:
+                tl.store(dst + c * (OH * OW), v.to(out.dtype.element_ty), mask=pmask)
+            plane += H * W
 
     return gather_crop_flip_resize
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor | None,
@@ -123,7 +133,7 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
     """``images[idx]``, cropped/flipped by ``aug`` ([3, B]: row offset, column offset, flip bit
     into the image zero-padded by ``padding``; None: no augmentation), resized to ``img_size`` and
     scaled to [0, 1], as ``dtype`` [B, C, img_size, img_size] (channels_last when asked)."""
-    n, c, h, w = images.shape
+    _, c, h, w = images.shape
     b = idx.shape[0]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((b, c, img_size, img_size), dtype=dtype, device=images.device,
@@ -136,7 +146,7 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
     with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
         _kernel()[(-(-n_pix // BLOCK),)](
             images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_pix,
-            h / img_size, w / img_size, C=c, CP=triton_next_power_of_2(c), H=h, W=w, OH=img_size,
+            h / img_size, w / img_size, C=c, H=h, W=w, OH=img_size,
             OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and c > 1,
             WIDE=n_pix + BLOCK >= INT32_PIXELS, BLOCK=BLOCK)
     return out
