@@ -352,7 +352,9 @@ def _history_csv(history: list[EpochRecord]) -> str:
 
 def _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler, wall_seconds) -> dict:
     h = state.history
-    steady = h[1:] or h  # the first epoch carries warm-up (cudnn autotune, compile, caches)
+    # the first epoch carries warm-up (cudnn autotune, compile, caches); under progressive resizing
+    # the steady rate is the one at img_size, the resolution the run is about
+    steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
     steady_seconds = sum(r.seconds for r in steady) / len(steady)
     steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
     return {

@@ -30,12 +30,16 @@ def test_the_first_epochs_train_small_the_rest_and_every_evaluation_at_img_size(
 
     monkeypatch.setattr("fasttrain.train.build_trainable", build)
     logs = []
-    train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=logs.append)
+    metrics = train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=logs.append)
 
     assert seen["train"] == [20, 20, 20, 20, 32, 32]
     assert set(seen["eval"]) == {32} and len(seen["eval"]) == 3  # one 50-image batch after each epoch
     with open(layout.train_plot("single-fp32")) as f:
-        assert [r["img_size"] for r in csv.DictReader(f)] == ["20", "20", "32"]
+        rows = list(csv.DictReader(f))
+    assert [r["img_size"] for r in rows] == ["20", "20", "32"]
+    # steady images/s: the epochs at img_size after the first; train_seconds: every epoch
+    assert metrics["images_per_second"] == pytest.approx(float(rows[2]["images_per_second"]), rel=1e-3)
+    assert metrics["train_seconds"] == pytest.approx(sum(float(r["epoch_seconds"]) for r in rows), abs=2e-3)
     assert [m.split("  ")[0].split(": ")[1] for m in logs if " epoch " in m] == [
         "epoch 1/3 at 20 px", "epoch 2/3 at 20 px", "epoch 3/3 at 32 px"]
 
