@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe over seeds.
 # Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
-# Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml.
+# Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml,
+# e.g. "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
 # BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests.
 # (No DVC on that machine: these are the commands the stages run.)
 set -u
