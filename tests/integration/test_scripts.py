@@ -15,7 +15,7 @@ DETACHED = str(REPO / "scripts" / "detached.sh")
 
 def detached(*args, out=None, timeout=60):
     env = {**os.environ, **({"OUT": str(out)} if out else {})}
-    return subprocess.run(["bash", DETACHED, *map(str, args)], capture_output=True, text=True, env=env,
+    return subprocess.run(["bash", DETACHED, *map(str, args)], capture_output=True, text=True, env=env, check=False,
                           timeout=timeout)
 
 
@@ -51,7 +51,7 @@ def test_detached_says_when_its_run_is_gone_or_was_never_started(tmp_path):
     pid = int((run_dir / "pid").read_text())
     os.killpg(os.getpgid(pid), 9)  # the machine was given back, say: the run and its session die
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and subprocess.run(["kill", "-0", str(pid)]).returncode == 0:
+    while time.monotonic() < deadline and subprocess.run(["kill", "-0", str(pid)], check=False).returncode == 0:
         time.sleep(0.1)
     gone = detached(run_dir, 1)
     assert gone.returncode == 1 and "gone without an exit status" in gone.stderr
@@ -60,7 +60,7 @@ def test_detached_says_when_its_run_is_gone_or_was_never_started(tmp_path):
 @pytest.mark.slow
 def test_kernel_sass_counts_the_loader_kernel_for_hopper():
     """Triton's compiler and ptxas, from the torch wheel's triton: no GPU needed."""
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass.py")], capture_output=True,
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass.py")], capture_output=True, check=False,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = re.search(r"(\d+) instructions per thread, 768 output values per program of 128 threads: "
