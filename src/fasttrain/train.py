@@ -46,11 +46,11 @@ def check_train(params: config.Params, world_size: int) -> None:
             raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
                                  f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
         check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
-    if params.train.batch_size < world_size:
-        raise FasttrainError(f"train.batch_size = {params.train.batch_size} is smaller than the {world_size} "
+    if cfg.batch_size < world_size:
+        raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
-    if params.train.batch_size % world_size:
-        raise FasttrainError(f"train.batch_size = {params.train.batch_size} does not split evenly over "
+    if cfg.batch_size % world_size:
+        raise FasttrainError(f"train.batch_size = {cfg.batch_size} does not split evenly over "
                              f"{world_size} ddp processes: use a multiple of {world_size}")
 
 
@@ -65,9 +65,15 @@ def resolved_config(params: config.Params, parallel_name: str, precision_name: s
     return resolved
 
 
+def train_size(cfg: config.TrainConfig, epoch: int) -> int:
+    """The resolution epoch `epoch` (from 0) trains at: progressive_size for the first
+    progressive_epochs, img_size after."""
+    return cfg.progressive_size if epoch < cfg.progressive_epochs else cfg.img_size
+
+
 def train_sizes(cfg: config.TrainConfig) -> list[int]:
-    """The resolutions training runs at, in order: progressive_size first when it is used."""
-    return [cfg.progressive_size, cfg.img_size] if cfg.progressive_epochs else [cfg.img_size]
+    """The resolutions training runs at, in order of first use."""
+    return list(dict.fromkeys(train_size(cfg, epoch) for epoch in range(cfg.epochs)))
 
 
 def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
@@ -222,7 +228,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
     for epoch in range(state.epoch, cfg.epochs):
         train_loader.set_epoch(epoch)
-        size = cfg.progressive_size if epoch < cfg.progressive_epochs else cfg.img_size
+        size = train_size(cfg, epoch)
         if cfg.progressive_epochs:  # (the gpu loader: check_train)
             train_loader.set_img_size(size)
         net.train()
