@@ -3,7 +3,8 @@
 # Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
 # Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml,
 # e.g. "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
-# BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests.
+# BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests;
+# FT_BASE (default /tmp/ft-base) is its scratch folder, so that two can run at once, one per GPU.
 # (No DVC on that machine: these are the commands the stages run.)
 set -u
 archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
@@ -14,7 +15,7 @@ mkdir -p "$out"
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
 [ -n "${NO_TESTS:-}" ] || (cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
 
-base=/tmp/ft-base && rm -rf $base && mkdir -p $base && cd $base
+base=${FT_BASE:-/tmp/ft-base} && rm -rf $base && mkdir -p $base && cd $base
 python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive"
 ft download
 python3 "$repo/scripts/overlay.py" params.yaml "$repo/recipes/fast.yaml" fast.yaml
@@ -26,7 +27,7 @@ fi
 
 n=0
 for config in $configs; do n=$((n + 1)); for seed in $seeds; do
-  d=/tmp/ft-fast-$n-$seed && rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
+  d=$base-fast-$n-$seed && rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
   python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
   echo "config $n: $config seed $seed"
   ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
