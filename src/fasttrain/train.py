@@ -177,7 +177,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size)
     digest = config.config_hash(resolved)
     dev = rt.device.type
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
 
     random.seed(cfg.seed)
     trainable = build_trainable(params, precision, rt, len(dataset.classes))
