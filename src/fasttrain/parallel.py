@@ -55,6 +55,10 @@ class Runtime:
         return self.world_size
 
 
+LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by `launch` for its workers
+PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
+
+
 def under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -99,6 +103,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     # workers may read dead peers' addresses and hang or fail (pytorch/pytorch#135712, still so in
     # torch 2.14): let each attempt's rank 0 host a fresh store instead.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # die_with_launcher
     try:
         run(args)
     except ChildFailedError as e:
@@ -109,6 +114,21 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise FasttrainError(f"ddp run stopped by signal {e.sigval.name}; its workers were stopped too") from None
+
+
+def die_with_launcher() -> None:
+    """In a ddp worker that `launch` started: get SIGTERM when the launcher dies, even by SIGKILL
+    (`dvc queue stop --kill`, the OOM killer), which its agent cannot pass on. torchrun starts its
+    workers in sessions of their own, so they would otherwise train on, orphaned, on GPUs whose lease
+    ended with the launcher. Linux only (prctl); elsewhere a no-op."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(launcher):  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:
@@ -146,6 +166,7 @@ def setup(parallel: str, device: str = "auto", nproc: int | None = None) -> Runt
         return rt
     if not under_torchrun():
         raise FasttrainError("ddp must run under torchrun; `fasttrain train --parallel ddp` starts it for you")
+    die_with_launcher()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if base.type == "cuda":

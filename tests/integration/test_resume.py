@@ -370,6 +370,54 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
     assert train_metrics(repo, "ddp-fp32")["epochs"] == 3
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # (state, ppid, ...)
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_ddp_workers_end_when_their_launcher_is_killed_with_sigkill(tmp_path):
+    # `dvc queue stop --kill` or the OOM killer: the launcher gets no chance to stop its workers, and
+    # its GPU lease ends with it. Many epochs: the workers would train on for minutes if not stopped.
+    repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2, "epochs": 200}})
+    run(["fasttrain", "download"], repo)
+    ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
+    proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo, env=env(),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")  # the workers train
+        workers = children(proc.pid)
+        assert len(workers) == 2 and all(map(alive, workers)), workers
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while any(map(alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(alive, workers)), "ddp workers outlived their SIGKILLed launcher"
+    finally:
+        for pid in children(proc.pid) + workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 # --- 5. ddp evaluation counts every test image once, whatever the world size ------------------------
 
 @pytest.mark.slow
