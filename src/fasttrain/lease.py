@@ -145,9 +145,12 @@ def acquire(count: int = 1, timeout: float | None = None, stream: TextIO | None 
 _held: Lease | None = None
 
 
-def hold(count: int) -> Lease:
-    """This process's lease, taken once and kept until the process ends."""
+def hold(count: int, stream: TextIO | None = None) -> Lease:
+    """This process's lease, taken once and kept until the process ends. Says which GPUs it holds
+    (CUDA index and UUID), so `dvc queue logs` shows each queued run on its own GPU."""
     global _held
     if _held is None:
-        _held = acquire(count)
+        _held = acquire(count, stream=stream)
+        gpus = ", ".join(f"{i} ({gpu_id})" for i, gpu_id in zip(_held.indices, _held.ids))
+        print(f"fasttrain: leased GPU{'s' if count > 1 else ''} {gpus}", file=stream or sys.stderr, flush=True)
     return _held

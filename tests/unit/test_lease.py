@@ -97,10 +97,11 @@ def test_leases_across_processes_end_with_the_process(gpus):
         child.kill()
 
 
-def test_device_auto_leases_for_single_and_dp_but_cuda_does_not(gpus):
+def test_device_auto_leases_for_single_and_dp_but_cuda_does_not(gpus, capsys):
     other = lease.acquire(1, timeout=0)  # another run holds GPU 0
     assert parallel.resolve_device("auto", lease_gpus=1) == torch.device("cuda", 1)
     assert parallel.resolve_device("auto", lease_gpus=1) == torch.device("cuda", 1)  # held once per process
+    assert capsys.readouterr().err == "fasttrain: leased GPU 1 (GPU-uuid-1)\n"  # said once, with the GPU
     assert parallel.resolve_device("cuda", lease_gpus=1) == torch.device("cuda", 0)
     assert parallel.resolve_device("cpu", lease_gpus=1) == torch.device("cpu")
     assert other.indices == [0]
@@ -117,12 +118,13 @@ def test_ddp_launcher_leases_its_workers_gpus(gpus, monkeypatch):
     assert other.indices == [0]
 
 
-def test_dp_takes_train_nproc_gpus_that_no_other_run_holds(gpus, monkeypatch):
+def test_dp_takes_train_nproc_gpus_that_no_other_run_holds(gpus, monkeypatch, capsys):
     set_to = []
     monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
     other = lease.acquire(1, timeout=0)  # another run holds GPU 0
     rt = parallel.setup("dp", "auto", nproc=2)
     assert (rt.device, rt.device_ids, rt.replicas) == (torch.device("cuda", 1), [1, 2], 2)
+    assert capsys.readouterr().err == "fasttrain: leased GPUs 1 (GPU-uuid-1), 2 (GPU-uuid-2)\n"
     assert set_to == [torch.device("cuda", 1)]
     assert other.indices == [0]
 
