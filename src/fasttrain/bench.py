@@ -11,6 +11,7 @@ counted FLOPs per image x images/s over that peak.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -174,6 +175,7 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
           min_steps: int = 20, min_seconds: float = 3.0, matmul_size: int = 8192, rounds: int = 3,
           log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
     check_img_size(params.model.name, params.train.img_size)
+    load_start = os.getloadavg()[0]  # what else the host runs: the torchvision paths need its CPU
     dataset = load_dataset(layout.dataset)
     rt = parallel.setup("single", params.train.device)
     log(f"bench on {rt.device_name}, torch {torch.__version__}, {params.model.name} at {params.train.img_size} px")
@@ -187,18 +189,25 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
         for result in row["paths"].values():
             result["model_flop_utilisation"] = float(f"{result['images_per_second'] * flops / 1e12 / peak:.4g}")
         rows.append(row)
+    host = {"cpu_count": os.cpu_count(), "load_average_1min_start": round(load_start, 2),
+            "load_average_1min_end": round(os.getloadavg()[0], 2)}
+    log(f"  host: {host['cpu_count']} CPUs, 1-min load average {host['load_average_1min_start']} at the start, "
+        f"{host['load_average_1min_end']} at the end (the bench's own work included); other work on the host "
+        f"slows the torchvision paths")
     return {
         "device": rt.device_name, "torch_version": torch.__version__, "world_size": 1,
         "model": params.model.name, "img_size": params.train.img_size,
         "gflop_per_image_forward_backward": round(flops / 1e9, 3),
-        "bf16_matmul_peak_tflops": float(f"{peak:.4g}"), "cases": rows,
+        "bf16_matmul_peak_tflops": float(f"{peak:.4g}"), "host": host, "cases": rows,
     }
 
 
 def to_markdown(result: dict) -> str:
     lines = [f"Device: {result['device']}; torch {result['torch_version']}; {result['model']} at "
              f"{result['img_size']} px, {result['gflop_per_image_forward_backward']} GFLOP/image fwd+bwd; "
-             f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s", "",
+             f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s; host: {result['host']['cpu_count']} "
+             f"CPUs, 1-min load average {result['host']['load_average_1min_start']} at the start, "
+             f"{result['host']['load_average_1min_end']} at the end", "",
              "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name

@@ -1,6 +1,7 @@
 """`fasttrain bench` on the CPU at a tiny size writes a well-formed metrics/bench.json."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -17,6 +18,10 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
     result = json.loads((tiny_repo / "metrics" / "bench.json").read_text())
     assert result["device"] == "CPU" and result["torch_version"] and result["world_size"] == 1
     assert result["bf16_matmul_peak_tflops"] > 0 and result["gflop_per_image_forward_backward"] > 0
+    host = result["host"]  # a contended host shows: another job's CPU work slows the torchvision paths
+    assert host["cpu_count"] == os.cpu_count()
+    assert isinstance(host["load_average_1min_start"], float) and host["load_average_1min_start"] >= 0
+    assert isinstance(host["load_average_1min_end"], float) and host["load_average_1min_end"] >= 0
     assert [(c["batch_size"], c["precision"]) for c in result["cases"]] == [(16, "fp32"), (16, "bf16")]
     for case in result["cases"]:
         assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}  # workers: 0
