@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The real pipeline through DVC on the GPU machine, with ARCHIVE as data.source.
 #
-#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [k=v ...]          dvc repro, params overrides k=v
-#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS --fast "SEEDS"     then `make fast`'s experiment per seed
-#                                                               (FT_FAST_EXTRA: more -S flags, for a CPU check)
-#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS --queue J [k=v ...] the README's several-GPU recipe: every variant
-#                                                               queued as an experiment with train.nproc=1,
-#                                                               `dvc queue start -j J` (each leases its own
-#                                                               GPU), then `dvc repro` restores them and compares
+#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [--queue J] [--fast "SEEDS"] [k=v ...]
+#
+#   plain       `dvc repro`, with the params overrides k=v laid over params.yaml
+#   --queue J   the README's several-GPU recipe instead: every variant queued as an experiment with
+#               train.nproc=1, `dvc queue start -j J` (each leases its own GPU), then `dvc repro`
+#               restores them from the run-cache and compares
+#   --fast S    afterwards, `make fast`'s experiment once per seed in S (FT_FAST_EXTRA: more -S flags,
+#               for a CPU check)
 #
 # That machine has torch but no DVC and no console scripts: DVC comes from wheels carried in .whl/
 # (installed once into /tmp/site), and `fasttrain`/`dvc` from two small shims. The pipeline runs in
@@ -24,8 +25,15 @@ set -u -o pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 case $1 in *://*|cifar10|synthetic) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # stages run in $work
 out=$(realpath -m "$2") seconds=$3; shift 3
-jobs=
-if [ "${1:-}" = --queue ]; then jobs=$2; shift 2; set -- train.nproc=1 "$@"; fi
+jobs= seeds=  # --queue J and --fast "SEEDS", in either order, before the k=v overrides
+while :; do
+  case ${1:-} in
+    --queue) jobs=$2; shift 2 ;;
+    --fast) seeds=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+[ -z "$jobs" ] || set -- train.nproc=1 "$@"
 work=${FT_WORK:-/tmp/ft-repro}
 mkdir -p "$out"
 
@@ -51,7 +59,7 @@ if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout, 
 fi
 cd "$work"
 python3 scripts/overlay.py params.yaml /dev/null params.yaml "data.source=$archive" \
-  $([ "${1:-}" = --fast ] || echo "$@")
+  "$@"
 nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/machine.txt"
 
@@ -88,9 +96,9 @@ kill $watchdog 2>/dev/null
 grep -v -i -e warning -e "warn(" "$out/repro.raw" | tee -a "$out/repro.log"
 rm -f "$out/repro.raw"
 echo "dvc repro exit status $status"
-if [ "${1:-}" = --fast ] && [ $status -eq 0 ]; then
+if [ -n "$seeds" ] && [ $status -eq 0 ]; then
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "classic recipe" || true
-  for seed in $2; do  # exactly what `make fast` runs, one experiment per seed
+  for seed in $seeds; do  # exactly what `make fast` runs, one experiment per seed
     dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "train.seed=$seed" \
       ${FT_FAST_EXTRA:-} train@single-bf16 evaluate@single-bf16 2>&1 | grep -v -i -e warning -e "warn(" | tail -4 | tee -a "$out/fast.log"
   done
