@@ -191,9 +191,8 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
         rows.append(row)
     host = {"cpu_count": os.cpu_count(), "load_average_1min_start": round(load_start, 2),
             "load_average_1min_end": round(os.getloadavg()[0], 2)}
-    log(f"  host: {host['cpu_count']} CPUs, 1-min load average {host['load_average_1min_start']} at the start, "
-        f"{host['load_average_1min_end']} at the end (the bench's own work included); other work on the host "
-        f"slows the torchvision paths")
+    log(f"  host: {host_line(host)} (the bench's own work included); other work on the host slows the "
+        f"torchvision paths")
     return {
         "device": rt.device_name, "torch_version": torch.__version__, "world_size": 1,
         "model": params.model.name, "img_size": params.train.img_size,
@@ -202,12 +201,15 @@ def bench(params: config.Params, cases: list[Case], layout: Layout, *, warmup_st
     }
 
 
+def host_line(host: dict) -> str:
+    return (f"{host['cpu_count']} CPUs, 1-min load average {host['load_average_1min_start']} at the start, "
+            f"{host['load_average_1min_end']} at the end")
+
+
 def to_markdown(result: dict) -> str:
     lines = [f"Device: {result['device']}; torch {result['torch_version']}; {result['model']} at "
              f"{result['img_size']} px, {result['gflop_per_image_forward_backward']} GFLOP/image fwd+bwd; "
-             f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s; host: {result['host']['cpu_count']} "
-             f"CPUs, 1-min load average {result['host']['load_average_1min_start']} at the start, "
-             f"{result['host']['load_average_1min_end']} at the end", "",
+             f"bf16 matmul peak {result['bf16_matmul_peak_tflops']:,.4g} TFLOP/s; host: {host_line(result['host'])}", "",
              "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name

@@ -187,8 +187,8 @@ def cudnn_benchmark(requested: bool, rt: Runtime) -> bool:
     Not for nn.DataParallel over 2+ GPUs: it runs each replica's forward in threads it makes anew
     every step, and cuDNN's benchmark results are kept per thread (pytorch/pytorch#191617, #191744),
     so every step would search again: dp-bf16 at batch 1024 on two H200s ran at 1,449 images/s."""
-    if requested and rt.parallel == "dp" and len(rt.device_ids or ()) > 1:
-        rt.warnings.append(f"train.cudnn_benchmark off: nn.DataParallel over {len(rt.device_ids)} GPUs makes "
+    if requested and rt.parallel == "dp" and rt.replicas > 1:
+        rt.warnings.append(f"train.cudnn_benchmark off: nn.DataParallel over {rt.replicas} GPUs makes "
                            "new threads every step, and cuDNN keeps its benchmark results per thread")
         return False
     return requested
