@@ -16,9 +16,16 @@ once per channel, with int64 division by the sizes. At about 80M values a batch 
 arithmetic, not the 158 MB store, is the likely cost of the ~0.5 ms a step the gpu loader still
 took over the ceiling: compiled for sm_90 (Hopper) it was 166 instructions per output value
 (`scripts/kernel_sass.py`). A program now makes a block of pixels, each in all its channels, with
-the per-pixel work done once and in int32: 59 instructions per value. That count is of the code,
-not a timing: this form passes the kernel tests against the tensor ops on the CPU and on an H200,
-but has no uncontended `fasttrain bench` figure yet.
+the per-pixel work done once and in int32: 59 instructions per value. Benched alone on an H200
+(session 6, `docs/results/h200-s6/`), the gpu loader then reached 97.8% of the compute ceiling at
+batch 512, bf16, compiled (49,752 / 50,870 images/s) and 99.3% at batch 64, amp.
+
+With train.pad_channels the output has 8 channels, the last 5 zero, so that cuDNN's channels_last
+bf16/fp16 convolutions find a multiple of 8 channels and skip the padding passes they otherwise
+run on every batch (4 a step, 0.7 ms of a 10.4 ms step at batch 512). Stored as eight 2-byte
+values 16 bytes apart, that output made the loader the bottleneck (49,636 against a ceiling of
+54,588 images/s, 91%); stored as one [BLOCK, 8] tile, a 16-byte vector per pixel, it is 53,831
+against 54,944 (98.0%).
 
 The arithmetic is PyTorch's bilinear ``align_corners=False`` (half-pixel centres, source index
 clamped at 0, lambdas from the truncated index) on the uint8 values, divided by 255 at the end;
@@ -59,14 +66,18 @@ def _kernel():
 
     @triton.jit
     def gather_crop_flip_resize(src, idx, dy, dx, flip, out, n_pix, scale_h, scale_w,
-                                C: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+                                C: tl.constexpr, C_OUT: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
                                 OH: tl.constexpr, OW: tl.constexpr, PAD: tl.constexpr,
                                 AUGMENT: tl.constexpr, NHWC: tl.constexpr, WIDE: tl.constexpr,
-                                BLOCK: tl.constexpr):
+                                TILE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
         # A program makes BLOCK output pixels, each in all C channels. The pixel's coordinates,
         # sample, crop, flip, four source offsets and bilinear weights are worked out once for its C
         # values, in int32 (WIDE: int64 past 2**31 pixels); only the memory offsets of the image and
-        # the output are int64. The C loads and stores of a pixel step through its channel planes.
+        # the output are int64. The C loads of a pixel step through its channel planes. Unpadded
+        # (C_OUT == C), each channel is stored on its own; padded (pad_channels: C_OUT > C, the rest
+        # zeros), channels_last output is one [BLOCK, CP] tile whose rows (16 bytes for 8 bf16
+        # channels) are vector stores: eight 2-byte stores 16 bytes apart were slower than the
+        # convolution padding they replace.
         if WIDE:
             p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         else:
@@ -110,34 +121,52 @@ def _kernel():
         hx = 1.0 - lx
         plane = src + image * (C * H * W)
         if NHWC:
-            dst = out + p.to(tl.int64) * C
+            dst = out + p.to(tl.int64) * C_OUT
         else:
-            dst = out + b.to(tl.int64) * (C * OH * OW) + (oy * OW + ox)
+            dst = out + b.to(tl.int64) * (C_OUT * OH * OW) + (oy * OW + ox)
+        if TILE:  # channels_last, padded: a pixel's C_OUT values as one [BLOCK, CP] tile, one vector store
+            ch = tl.arange(0, CP)[None, :]
+            tile = tl.zeros([BLOCK, CP], dtype=tl.float32)
         for c in tl.static_range(C):
             v00 = tl.load(plane + o00, mask=m00, other=0).to(tl.float32)
             v01 = tl.load(plane + o01, mask=m01, other=0).to(tl.float32)
             v10 = tl.load(plane + o10, mask=m10, other=0).to(tl.float32)
             v11 = tl.load(plane + o11, mask=m11, other=0).to(tl.float32)
             v = (hy * (hx * v00 + lx * v01) + ly * (hx * v10 + lx * v11)) / 255.0  # the reference's order
-            if NHWC:
+            if TILE:
+                tile = tl.where(ch == c, v[:, None], tile)
+            elif NHWC:
                 tl.store(dst + c, v.to(out.dtype.element_ty), mask=pmask)
             else:
                 tl.store(dst + c * (OH * OW), v.to(out.dtype.element_ty), mask=pmask)
             plane += H * W
+        if TILE:
+            tl.store(dst[:, None] + ch, tile.to(out.dtype.element_ty), mask=pmask[:, None] & (ch < C_OUT))
+        elif not NHWC:
+            for c in tl.static_range(C, C_OUT):  # the zero channels' planes
+                tl.store(dst + c * (OH * OW), tl.zeros([BLOCK], dtype=out.dtype.element_ty), mask=pmask)
 
     return gather_crop_flip_resize
 
 
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor | None,
                             img_size: int, channels_last: bool, dtype: torch.dtype,
-                            padding: int) -> torch.Tensor:
+                            padding: int, channels: int | None = None) -> torch.Tensor:
     """``images[idx]``, cropped/flipped by ``aug`` ([3, B]: row offset, column offset, flip bit
     into the image zero-padded by ``padding``; None: no augmentation), resized to ``img_size`` and
-    scaled to [0, 1], as ``dtype`` [B, C, img_size, img_size] (channels_last when asked)."""
+    scaled to [0, 1], as ``dtype`` [B, channels, img_size, img_size] (channels_last when asked):
+    the image's C channels, then ``channels - C`` all-zero ones (default: none)."""
     _, c, h, w = images.shape
+    channels = c if channels is None else channels
+    if channels < c:
+        raise ValueError(f"channels = {channels} is fewer than the images' {c}")
     b = idx.shape[0]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((b, c, img_size, img_size), dtype=dtype, device=images.device,
+    out = torch.empty((b, channels, img_size, img_size), dtype=dtype, device=images.device,
                       memory_format=fmt)
     if b == 0:
         return out
@@ -147,8 +176,9 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
     with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
         _kernel()[(-(-n_pix // BLOCK),)](
             images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_pix,
-            h / img_size, w / img_size, C=c, H=h, W=w, OH=img_size,
-            OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and c > 1,
-            WIDE=n_pix + BLOCK >= INT32_PIXELS, BLOCK=BLOCK)
+            h / img_size, w / img_size, C=c, C_OUT=channels, H=h, W=w, OH=img_size,
+            OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and channels > 1,
+            WIDE=n_pix + BLOCK >= INT32_PIXELS, TILE=channels_last and channels > c,
+            CP=triton_next_power_of_2(channels), BLOCK=BLOCK)
     return out
 

@@ -23,8 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain import atomic, batch_kernel, config, parallel
 from fasttrain.data import load_dataset
-from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize, train_step,
-                              warm_up)
+from fasttrain.engine import (StepLog, build_trainable, input_channels, input_dtype, random_batch, synchronize,
+                              train_step, warm_up)
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_train_loader
@@ -122,16 +122,19 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
         steps.record(train_step(t, precision, x, y), y.shape[0])
 
     dtype = input_dtype(params, precision)  # what the gpu loader hands the model
-    x0, y0 = random_batch(case.batch_size, cfg.img_size, len(dataset.classes), rt.device, dtype, cfg.channels_last)
+    channels = input_channels(params)  # the gpu loader's (pad_channels); the torchvision loader's are 3
+    x0, y0 = random_batch(case.batch_size, cfg.img_size, len(dataset.classes), rt.device, dtype, cfg.channels_last,
+                          channels)
     last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
     compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
-                              cfg.channels_last, rt.device, dtype)
+                              cfg.channels_last, rt.device, dtype, channels)
 
     def loader(kind: str, workers: int):
+        gpu = kind == "gpu"  # the torchvision loader stays float32 with 3 channels
         return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
                                  img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
                                  seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
-                                 channels_last=cfg.channels_last, dtype=dtype)  # the torchvision loader stays float32
+                                 channels_last=cfg.channels_last, dtype=dtype, channels=channels if gpu else 3)
 
     paths = {
         "torchvision_workers_0": lambda: _endless(loader("torchvision", 0)),
@@ -161,7 +164,7 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
             f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
-           "fused_adamw": cfg.fused_adamw, "compile_seconds": round(compile_seconds, 3),
+           "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels, "compile_seconds": round(compile_seconds, 3),
            "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
            "paths": results}
     if only is None:
@@ -213,6 +216,7 @@ def to_markdown(result: dict) -> str:
              "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
+        name += ", 8 channels (pad_channels)" if case.get("pad_channels") else ""
         for path, r in case["paths"].items():
             if path == "gpu_loader":
                 path += " (Triton kernel)" if case.get("gpu_loader_kernel") else " (tensor ops)"

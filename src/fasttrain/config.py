@@ -63,6 +63,7 @@ class TrainConfig:
     sync_bn: bool = False  # ddp only: BatchNorm -> SyncBatchNorm (GPUs only)
     device: str = "auto"  # auto: first GPU if any, else CPU
     channels_last: bool = True
+    pad_channels: bool = False  # gpu loader: training batches padded to 8 channels (zeros) for cuDNN
     compile: bool = False  # torch.compile; its time is reported apart
     compile_mode: str = "default"  # torch.compile mode: default | max-autotune-no-cudagraphs
     label_smoothing: float = 0.0  # cross-entropy label smoothing in training (evaluation loss never smooths)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain import config, parallel
-from fasttrain.models import build_model
+from fasttrain.models import PADDED_CHANNELS, build_model, pad_first_conv
 from fasttrain.precision import AutocastForward, Precision
 
 
@@ -28,6 +28,8 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     cfg = params.train
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
     model = build_model(params.model.name, num_classes).to(rt.device)
+    if cfg.pad_channels:
+        model = pad_first_conv(model, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)
@@ -110,16 +112,25 @@ def input_dtype(params: config.Params, precision: Precision) -> torch.dtype:
     return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
 
 
+def input_channels(params: config.Params) -> int:
+    """Channels of the training batches the gpu loader hands the model (pad_channels: 3 + zeros)."""
+    return PADDED_CHANNELS if params.train.pad_channels else 3
+
+
 def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, dtype: torch.dtype,
-                 channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch shaped, typed and laid out as the gpu loader hands it to the model."""
+                 channels_last: bool, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch shaped, typed and laid out as the gpu loader hands it to the model (the padded
+    channels, if any, all zero)."""
     x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)
+    if channels > 3:
+        x = torch.cat([x, x.new_zeros(n, channels - 3, img_size, img_size)], 1)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
     return x, torch.randint(0, num_classes, (n,), device=device)
 
 
 def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
-            channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32) -> float:
+            channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32,
+            channels: int = 3) -> float:
     """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
     autotuning happen outside the timed region; buffers (BatchNorm statistics), gradients and RNG
     are restored, so training is unchanged. Returns the seconds it took."""
@@ -129,7 +140,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     synchronize(device)
     start = time.perf_counter()
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
-        x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last)  # the loader's dtype: one graph
+        x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last, channels)  # the loader's: one graph
         with precision.autocast(device.type):
             loss = F.cross_entropy(t.net(x), y)
         t.scaler.scale(loss).backward()

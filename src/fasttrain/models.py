@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 
@@ -23,6 +24,38 @@ def build_model(name: str, num_classes: int) -> nn.Module:
                              f"(all {len(classification_models())}: torchvision.models.list_models())")
     # weights=None: the comparison trains from scratch, and nothing is fetched from a hub.
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+PADDED_CHANNELS = 8  # train.pad_channels: bf16/fp16 channels_last convolutions want multiples of 8 (16 bytes)
+
+
+class ChannelPaddedConv2d(nn.Conv2d):
+    """A Conv2d that also takes its input with all-zero channels appended (train.pad_channels): it
+    pads its weight with zeros to match, so the result is the same convolution of the real
+    channels, and the gradient of the real weight is the padded one's first channels. Parameters,
+    state_dict and checkpoints are the plain Conv2d's; a 3-channel input is convolved as before."""
+
+    def _conv_forward(self, input, weight, bias):
+        extra = input.shape[1] - weight.shape[1] * self.groups
+        if extra > 0:
+            weight = F.pad(weight, (0, 0, 0, 0, 0, extra))  # (W, H, then in-channels at the end)
+        return super()._conv_forward(input, weight, bias)
+
+
+def first_conv(model: nn.Module, name: str) -> nn.Conv2d:
+    """The convolution the image goes into; train.pad_channels needs it to be a plain Conv2d on 3
+    channels that comes first (alexnet, vgg, resnet; not a model that transforms its input first)."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is None or conv.in_channels != 3 or conv.groups != 1 or getattr(model, "transform_input", False):
+        raise FasttrainError(f"train.pad_channels: true needs a model whose first layer is a 3-channel "
+                             f"Conv2d, which {name} is not: set it to false")
+    return conv
+
+
+def pad_first_conv(model: nn.Module, name: str) -> nn.Module:
+    """Lets the model take input padded to PADDED_CHANNELS channels (see ChannelPaddedConv2d)."""
+    first_conv(model, name).__class__ = ChannelPaddedConv2d
+    return model
 
 
 @functools.cache

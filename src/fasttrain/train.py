@@ -26,8 +26,8 @@ from fasttrain.errors import FasttrainError
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.loaders import make_eval_loader, make_train_loader
-from fasttrain.engine import StepLog, build_trainable, input_dtype, synchronize, train_step, warm_up
-from fasttrain.models import check_img_size
+from fasttrain.engine import StepLog, build_trainable, input_channels, input_dtype, synchronize, train_step, warm_up
+from fasttrain.models import build_model, check_img_size, first_conv
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
@@ -46,6 +46,12 @@ def check_train(params: config.Params, world_size: int) -> None:
             raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
                                  f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
         check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
+    if cfg.pad_channels:
+        if params.data.loader != "gpu":
+            raise FasttrainError("train.pad_channels: true needs data.loader: gpu (the torchvision loader "
+                                 "gives 3 channels): set it to false or use the gpu loader")
+        with torch.device("meta"):
+            first_conv(build_model(params.model.name, 10), params.model.name)
     if cfg.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
@@ -190,7 +196,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                        channels_last=cfg.channels_last, dtype=dtype)
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
-                                     **loader_args)
+                                     channels=input_channels(params), **loader_args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
     scheduler = make_scheduler(cfg, optimizer, len(train_loader))
@@ -222,7 +228,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
         shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
         compile_seconds = sum(warm_up(trainable, precision, shapes, size, len(dataset.classes),
-                                      cfg.channels_last, rt.device, dtype) for size in train_sizes(cfg))
+                                      cfg.channels_last, rt.device, dtype, input_channels(params))
+                              for size in train_sizes(cfg))
         log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)

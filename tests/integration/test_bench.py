@@ -24,6 +24,7 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
     assert isinstance(host["load_average_1min_end"], float) and host["load_average_1min_end"] >= 0
     assert [(c["batch_size"], c["precision"]) for c in result["cases"]] == [(16, "fp32"), (16, "bf16")]
     for case in result["cases"]:
+        assert case["pad_channels"] is False
         assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}  # workers: 0
         for path in case["paths"].values():
             assert path["images_per_second"] > 0 and path["steps"] >= 3 * 2 and 0 < path["model_flop_utilisation"]
@@ -33,6 +34,22 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
         assert case["gpu_loader_over_compute_ceiling"] == pytest.approx(
             gpu / case["paths"]["compute_ceiling"]["images_per_second"], rel=1e-2)
     assert "compute_ceiling" in out.stdout and (tiny_repo / "metrics" / "bench.md").is_file()
+
+
+def test_bench_with_padded_channels(tiny_repo):
+    """train.pad_channels: the gpu loader and the ceiling get 8 channels, the torchvision loader 3."""
+    import yaml
+
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    params["train"]["pad_channels"] = True
+    (tiny_repo / "params.yaml").write_text(yaml.safe_dump(params))
+    run(["fasttrain", "download"], tiny_repo)
+    run(["fasttrain", "bench", "--case", "16:bf16", "--warmup-steps", "1", "--min-steps", "2", "--min-seconds", "0",
+         "--matmul-size", "64", "--rounds", "1"], tiny_repo)
+    (case,) = json.loads((tiny_repo / "metrics" / "bench.json").read_text())["cases"]
+    assert case["pad_channels"] is True
+    assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}
+    assert all(p["images_per_second"] > 0 for p in case["paths"].values())
 
 
 @pytest.mark.parametrize("case", ["64:fp8", "64:amp:compile=reduce-overhead", "64:amp:jit"])

@@ -149,6 +149,9 @@ CASES = {
     "progressive resizing for every epoch": Case(
         TRAIN, "train.progressive_epochs = 2 leaves no epoch at train.img_size = 32: use fewer than train.epochs = 2",
         {"train": {"progressive_epochs": 2, "progressive_size": 24}}),
+    "padded channels with the torchvision loader": Case(
+        TRAIN, "train.pad_channels: true needs data.loader: gpu (the torchvision loader gives 3 channels)",
+        {"data": {"loader": "torchvision"}, "train": {"pad_channels": True}}),
     "progressive epochs negative": Case(TRAIN, "train.progressive_epochs = -1 is out of range",
                                         {"train": {"progressive_epochs": -1}}),
     # wrong types
