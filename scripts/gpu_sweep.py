@@ -5,11 +5,17 @@ is bound by kernel launches). docs/results/h200-switch-sweep.json came from an e
 script, whose kernel time summed CPU ranges too: use its images/s, not its kernel_ms_per_step.
 
 Usage: python3 scripts/gpu_sweep.py PARAMS OUT.json CASE... where CASE is
-BATCH:PRECISION:key=value,key=value (keys of train:, e.g. channels_last=true,compile=true).
+BATCH:PRECISION:key=value,key=value: keys of train: (e.g. channels_last=true,compile=true), plus
+  cudnn_limit=N        torch.backends.cudnn.benchmark_limit (cuDNN algorithms tried; 0: all; torch's default 10)
+  inductor.NAME=VALUE  a torch._inductor.config setting (e.g. inductor.max_autotune_conv_backends=ATEN)
+Compiled cases are profiled too (after their warm-up compile); PROFILE_TOP (environment) sets how many
+kernels are listed.
 """
 
+import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -19,7 +25,8 @@ import yaml
 from fasttrain import config, parallel
 from fasttrain.bench import Case, run_case
 from fasttrain.data import load_dataset
-from fasttrain.engine import StepLog, build_trainable, input_dtype, random_batch, synchronize, train_step
+from fasttrain.engine import (StepLog, build_trainable, input_channels, input_dtype, random_batch, synchronize,
+                              train_step)
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
 
@@ -28,7 +35,7 @@ def kernel_ms_per_step(params, precision, rt, classes, batch, steps=30):
     t = build_trainable(params, precision, rt, classes)
     log = StepLog(1024, rt.device, t.scaler)
     x, y = random_batch(batch, params.train.img_size, classes, rt.device, input_dtype(params, precision),
-                        params.train.channels_last)  # as bench's compute ceiling
+                        params.train.channels_last, input_channels(params))  # as bench's compute ceiling
     for _ in range(10):
         log.record(train_step(t, precision, x, y), batch)
     synchronize(rt.device)
@@ -43,10 +50,29 @@ def kernel_ms_per_step(params, precision, rt, classes, batch, steps=30):
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]  # not the CPU ranges
     kernel = sum(e.self_device_time_total for e in kernels) / steps / 1e3
     launches = sum(e.count for e in events if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"))) / steps
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:8]
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:int(os.environ.get("PROFILE_TOP", "8"))]
     return {"wall_ms_per_step_profiled": round(wall, 3), "kernel_ms_per_step": round(kernel, 3),
             "launches_per_step": launches,
-            "top": [(e.key[:60], round(e.self_device_time_total / steps / 1e3, 3)) for e in top]}
+            "top": [(e.key[:90], round(e.self_device_time_total / steps / 1e3, 3), e.count // steps) for e in top]}
+
+
+@contextlib.contextmanager
+def knobs(settings: dict):
+    """cudnn_limit and inductor.* settings for one case, restored afterwards."""
+    import torch._inductor.config as inductor
+    saved_limit = torch.backends.cudnn.benchmark_limit
+    saved = {k: getattr(inductor, k.removeprefix("inductor.")) for k in settings if k.startswith("inductor.")}
+    try:
+        for k, v in settings.items():
+            if k == "cudnn_limit":
+                torch.backends.cudnn.benchmark_limit = int(v)
+            else:
+                setattr(inductor, k.removeprefix("inductor."), v)
+        yield
+    finally:
+        torch.backends.cudnn.benchmark_limit = saved_limit
+        for k, v in saved.items():
+            setattr(inductor, k.removeprefix("inductor."), v)
 
 
 def main(params_path, out, *cases):
@@ -56,17 +82,20 @@ def main(params_path, out, *cases):
     rows = []
     for text in cases:
         batch, precision_name, *rest = text.split(":")
-        overrides = dict(kv.split("=") for kv in rest[0].split(",")) if rest and rest[0] else {}
+        overrides = dict(kv.split("=", 1) for kv in rest[0].split(",")) if rest and rest[0] else {}
+        special = {k: overrides.pop(k) for k in list(overrides) if k == "cudnn_limit" or k.startswith("inductor.")}
+        special = {k: yaml.safe_load(v) if k == "cudnn_limit" or v in ("true", "false") or v.isdigit() else v
+                   for k, v in special.items()}
         train = dataclasses.replace(base.train, **{k: yaml.safe_load(v) for k, v in overrides.items()})
         params = dataclasses.replace(base, train=train)
         case = Case(int(batch), precision_name, train.compile)
         row = {"case": text}
         try:
-            row.update(run_case(params, case, dataset, rt, warmup_steps=10, min_steps=30, min_seconds=2.0,
-                                log=lambda m: None, only=("gpu_loader", "compute_ceiling")))
-            p = row["paths"]
-            row["gpu_over_ceiling"] = round(p["gpu_loader"]["images_per_second"] / p["compute_ceiling"]["images_per_second"], 3)
-            if not train.compile:
+            with knobs(special):
+                row.update(run_case(params, case, dataset, rt, warmup_steps=10, min_steps=30, min_seconds=2.0,
+                                    log=lambda m: None, only=("gpu_loader", "compute_ceiling")))
+                p = row["paths"]
+                row["gpu_over_ceiling"] = round(p["gpu_loader"]["images_per_second"] / p["compute_ceiling"]["images_per_second"], 3)
                 row["profile"] = kernel_ms_per_step(dataclasses.replace(params, train=dataclasses.replace(train, batch_size=int(batch))),
                                                     PRECISIONS[precision_name], rt, len(dataset.classes), int(batch))
         except Exception as e:  # one failing combination must not lose the others
@@ -78,6 +107,8 @@ def main(params_path, out, *cases):
               f"ratio {row.get('gpu_over_ceiling', 0):.3f}  compile {row.get('compile_seconds', 0):.1f}s  "
               f"{row.get('profile', {}).get('kernel_ms_per_step', '')} / {row.get('profile', {}).get('wall_ms_per_step_profiled', '')} ms "
               f"{row.get('error', '')}", flush=True)
+        for name, ms, per_step in row.get("profile", {}).get("top", []):
+            print(f"    {ms:8.3f} ms/step  x{per_step:<3} {name}", flush=True)
         json.dump(rows, open(out, "w"), indent=1)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
