@@ -149,7 +149,7 @@ def _kernel():
     return gather_crop_flip_resize
 
 
-def triton_next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
@@ -179,6 +179,6 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
             h / img_size, w / img_size, C=c, C_OUT=channels, H=h, W=w, OH=img_size,
             OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and channels > 1,
             WIDE=n_pix + BLOCK >= INT32_PIXELS, TILE=channels_last and channels > c,
-            CP=triton_next_power_of_2(channels), BLOCK=BLOCK)
+            CP=_next_power_of_2(channels), BLOCK=BLOCK)
     return out
 
