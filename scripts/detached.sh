@@ -9,6 +9,9 @@
 # SECONDS for it, prints the log's last lines and, once it has ended, copies DIR/out/ (where CMD
 # should write its results) to $OUT. Exit status: CMD's once it has ended, 75 while it still runs,
 # 1 if DIR's run is gone without an exit status (the machine was given back, or it was killed).
+# The device machine goes back about 30 s after a call returns (status: idle_release_s), and a
+# detached run dies with it: make each collecting call at once after the last, never after other work
+# (session 6 lost a 12-variant run that way).
 set -u -o pipefail
 dir=$1 seconds=$2; shift 2
 mkdir -p "$dir/out"
