@@ -68,3 +68,14 @@ def test_kernel_sass_counts_the_loader_kernel_for_hopper():
     assert found, proc.stdout
     count, per_value = int(found[1]), float(found[2])
     assert count > 0 and per_value == pytest.approx(count * 128 / 768, abs=0.05)
+
+
+def test_kernel_sass_counts_the_padded_tile_form():
+    """train.pad_channels' output: 8 channels a pixel (3 of the image, 5 zero), one tile per program."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass.py"), "--channels", "8"],
+                          capture_output=True, check=False, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r"(\d+) instructions per thread, 2048 output values per program of 128 threads: "
+                      r"([\d.]+) thread-instructions per output value \(sm_90\)", proc.stdout)
+    assert found, proc.stdout
+    assert int(found[1]) > 0 and float(found[2]) == pytest.approx(int(found[1]) * 128 / 2048, abs=0.05)
