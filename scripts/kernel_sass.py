@@ -48,7 +48,7 @@ def per_value(path: Path, arch: int, block: int | None, channels: int | None = N
     c_out = channels or CASE["C"]
     if c_out != CASE["C"] and "C_OUT" not in names:
         raise SystemExit(f"{path}: this kernel has no padded output (no C_OUT)")
-    padded = {"C_OUT": c_out, "TILE": c_out > CASE["C"], "CP": 1 << (c_out - 1).bit_length()}
+    padded = {"C_OUT": c_out, "TILE": c_out > CASE["C"], "CP": triton.next_power_of_2(c_out)}
     consts = {**CASE, **padded, "BLOCK": block, **({"WIDE": False} if "WIDE" in names else {})}
     consts = {k: v for k, v in consts.items() if k in names}
     signature = {}

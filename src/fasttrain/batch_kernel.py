@@ -149,10 +149,6 @@ def _kernel():
     return gather_crop_flip_resize
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor | None,
                             img_size: int, channels_last: bool, dtype: torch.dtype,
                             padding: int, channels: int | None = None) -> torch.Tensor:
@@ -173,12 +169,14 @@ def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.
     images = images.contiguous()
     dy, dx, flip = (aug[0], aug[1], aug[2]) if aug is not None else (idx, idx, idx)  # unused
     n_pix = b * img_size * img_size
+    from triton import next_power_of_2  # importable: enabled() found Triton
+
     with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
         _kernel()[(-(-n_pix // BLOCK),)](
             images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_pix,
             h / img_size, w / img_size, C=c, C_OUT=channels, H=h, W=w, OH=img_size,
             OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and channels > 1,
             WIDE=n_pix + BLOCK >= INT32_PIXELS, TILE=channels_last and channels > c,
-            CP=_next_power_of_2(channels), BLOCK=BLOCK)
+            CP=next_power_of_2(channels), BLOCK=BLOCK)
     return out
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain import config, parallel
+from fasttrain.loaders import pad_channels
 from fasttrain.models import PADDED_CHANNELS, build_model, pad_first_conv
 from fasttrain.precision import AutocastForward, Precision
 
@@ -122,9 +123,8 @@ def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, 
     """A batch shaped, typed and laid out as the gpu loader hands it to the model (the padded
     channels, if any, all zero)."""
     x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)
-    if channels > 3:
-        x = torch.cat([x, x.new_zeros(n, channels - 3, img_size, img_size)], 1)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    x = pad_channels(x, channels, channels_last)
     return x, torch.randint(0, num_classes, (n,), device=device)
 
 

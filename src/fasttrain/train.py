@@ -191,12 +191,13 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
     per_rank_batch = cfg.batch_size // rt.world_size
     dtype = input_dtype(params, precision)
+    channels = input_channels(params)  # of the training batches (pad_channels)
     loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
                        workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
                        channels_last=cfg.channels_last, dtype=dtype)
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
-                                     channels=input_channels(params), **loader_args)
+                                     channels=channels, **loader_args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
     scheduler = make_scheduler(cfg, optimizer, len(train_loader))
@@ -228,8 +229,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
         shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
         compile_seconds = sum(warm_up(trainable, precision, shapes, size, len(dataset.classes),
-                                      cfg.channels_last, rt.device, dtype, input_channels(params))
-                              for size in train_sizes(cfg))
+                                      cfg.channels_last, rt.device, dtype, channels) for size in train_sizes(cfg))
         log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
     progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
