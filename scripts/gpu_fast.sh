@@ -40,4 +40,5 @@ row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
+  cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch
 done; done
