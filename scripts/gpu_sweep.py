@@ -83,9 +83,8 @@ def main(params_path, out, *cases):
     for text in cases:
         batch, precision_name, *rest = text.split(":")
         overrides = dict(kv.split("=", 1) for kv in rest[0].split(",")) if rest and rest[0] else {}
-        special = {k: overrides.pop(k) for k in list(overrides) if k == "cudnn_limit" or k.startswith("inductor.")}
-        special = {k: yaml.safe_load(v) if k == "cudnn_limit" or v in ("true", "false") or v.isdigit() else v
-                   for k, v in special.items()}
+        special = {k: yaml.safe_load(overrides.pop(k)) for k in list(overrides)  # values parsed as the train keys'
+                   if k == "cudnn_limit" or k.startswith("inductor.")}
         train = dataclasses.replace(base.train, **{k: yaml.safe_load(v) for k, v in overrides.items()})
         params = dataclasses.replace(base, train=train)
         case = Case(int(batch), precision_name, train.compile)

@@ -65,7 +65,7 @@ def per_value(path: Path, arch: int, block: int | None, channels: int | None = N
                        constexprs={(names.index(k),): v for k, v in consts.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": NUM_WARPS})
     count = sum(1 for line in get_sass(compiled.asm["cubin"]).splitlines() if INSTRUCTION.match(line))
-    values = block * (c_out if "C_OUT" in names else CASE["C"]) if per_pixel else block
+    values = block * c_out if per_pixel else block  # (c_out is C for a kernel without C_OUT: checked above)
     return count, values, count * NUM_WARPS * 32 / values
 
 
