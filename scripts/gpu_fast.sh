@@ -5,6 +5,9 @@
 # e.g. "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
 # BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests;
 # FT_BASE (default /tmp/ft-base) is its scratch folder, so that two can run at once, one per GPU.
+# JOBS=n (default 1) trains n runs at once on the one GPU, for an accuracy sweep: their train_seconds
+# are not the recipe's (they share the GPU), and each row of fast.jsonl says "jobs": n.
+# The runs go seed by seed, every configuration for a seed before the next seed.
 # (No DVC on that machine: these are the commands the stages run.)
 set -u
 archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
@@ -25,20 +28,30 @@ if [ "${5:-}" != skip-bench ]; then
     | grep -v -i -e warn -e autotune -e triton_mm -e "^  mm " -e "^strides" -e "^dtypes"
 fi
 
-n=0
-for config in $configs; do n=$((n + 1)); for seed in $seeds; do
-  d=$base-fast-$n-$seed && rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
+one() {  # one run: config number $1, config $2, seed $3; its log is printed in one piece at the end
+  local n=$1 config=$2 seed=$3 d=$base-fast-$1-$3
+  rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
   python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
-  echo "config $n: $config seed $seed"
-  ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
-  ft evaluate --parallel single --precision bf16
-  python3 - "$out/fast.jsonl" "$config" <<'PY'
+  {
+    echo "config $n: $config seed $seed"
+    FASTTRAIN_LOCK_DIR=$d ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
+    FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16
+    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" <<'PY'
 import json, sys
 t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]
+row["jobs"] = int(sys.argv[3])  # runs sharing the GPU: above 1, the seconds are not the recipe's
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
-  cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch
+    cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch
+  } > $d/run.log 2>&1
+  cat $d/run.log
+}
+
+for seed in $seeds; do n=0; for config in $configs; do n=$((n + 1))
+  while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-1}" ]; do wait -n; done
+  one $n "$config" $seed &
 done; done
+wait

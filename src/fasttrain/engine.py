@@ -39,8 +39,8 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
         # Static shapes: the last short batch of an epoch gets a graph of its own (compiled in
         # warm_up) instead of a slower dynamic-shape graph recompiled in the middle of training.
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
-    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                  fused=cfg.fused_adamw and rt.device.type == "cuda")
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay, fused=cfg.fused_adamw and rt.device.type == "cuda")
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing)
 
 

@@ -1,4 +1,4 @@
-"""StepLog: the epoch's per-step bookkeeping that replaces a dozen small kernels per step."""
+"""StepLog: the epoch's per-step bookkeeping that replaces a dozen small kernels per step; and the optimizer."""
 
 import math
 
@@ -68,3 +68,17 @@ def test_record_wraps_around_when_steps_exceed_the_buffer(steps):
     for loss in range(4):
         log.record(torch.tensor(float(loss)), 1)
     assert log.losses.tolist() == [3.0]
+
+
+@pytest.mark.parametrize("beta2", [0.999, 0.99])
+def test_the_optimizer_is_adamw_with_the_params_betas_and_weight_decay(beta2):
+    from fasttrain import config, parallel
+    from fasttrain.engine import build_trainable
+    from fasttrain.precision import PRECISIONS
+
+    params = config.from_dict({"model": {"name": "resnet18"},
+                               "train": {"adam_beta2": beta2, "weight_decay": 0.05, "lr": 3e-4, "device": "cpu"}})
+    t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), num_classes=10)
+    assert isinstance(t.optimizer, torch.optim.AdamW)
+    group = t.optimizer.param_groups[0]
+    assert (group["betas"], group["weight_decay"], group["lr"]) == ((0.9, beta2), 0.05, 3e-4)
