@@ -52,12 +52,11 @@ class TrainConfig:
     batch_size: int = 64  # global: images per optimizer step, summed over all processes/GPUs
     lr: float = 1.0e-4  # AdamW learning rate (peak lr under onecycle)
     weight_decay: float = 0.01  # AdamW decoupled weight decay
-    adam_beta2: float = 0.999  # AdamW's second-moment decay: 0.999 averages the last ~1000 steps' squared gradients
+    adam_beta2: float = 0.999  # AdamW's second-moment decay (torch's default); its estimates average ~1/(1 - beta2) steps
     seed: int = 0
     img_size: int = 227  # pixels per side the 32x32 images are resized to
     progressive_epochs: int = 0  # progressive resizing: the first N epochs train at progressive_size (gpu loader)
     progressive_size: int = 160  # pixels per side in those epochs; evaluation is always at img_size
-    progressive_warmup: float = 0.0  # epochs over which the lr ramps up again from 0 after the switch to img_size
     scheduler: str = "plateau"  # plateau: ReduceLROnPlateau on the epoch's train loss; onecycle; none
     plateau_factor: float = 0.1
     plateau_patience: int = 2  # epochs without improvement before the lr is cut
@@ -109,7 +108,6 @@ _RANGES = {
     ("train", "img_size"): (lambda v: v >= 8, "an integer >= 8"),
     ("train", "progressive_epochs"): (lambda v: v >= 0, "an integer >= 0 (0: off)"),
     ("train", "progressive_size"): (lambda v: v >= 8, "an integer >= 8"),
-    ("train", "progressive_warmup"): (lambda v: v >= 0, "a number >= 0 (epochs; 0: off)"),
     ("train", "scheduler"): (lambda v: v in SCHEDULERS, "one of " + ", ".join(SCHEDULERS)),
     ("train", "plateau_factor"): (lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("train", "plateau_patience"): (lambda v: v >= 0, "an integer >= 0"),

@@ -46,13 +46,6 @@ def check_train(params: config.Params, world_size: int) -> None:
             raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
                                  f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
         check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
-        if cfg.progressive_warmup > cfg.epochs - cfg.progressive_epochs:
-            raise FasttrainError(f"train.progressive_warmup = {cfg.progressive_warmup} epochs is longer than the "
-                                 f"training at train.img_size: use at most {cfg.epochs - cfg.progressive_epochs} "
-                                 f"(train.epochs - train.progressive_epochs)")
-    elif cfg.progressive_warmup:
-        raise FasttrainError(f"train.progressive_warmup = {cfg.progressive_warmup} needs progressive resizing "
-                             f"(train.progressive_epochs > 0): set it to 0 or use progressive_epochs")
     if cfg.pad_channels:
         if params.data.loader != "gpu":
             raise FasttrainError("train.pad_channels: true needs data.loader: gpu (the torchvision loader "
@@ -82,17 +75,6 @@ def train_size(cfg: config.TrainConfig, epoch: int) -> int:
     """The resolution epoch `epoch` (from 0) trains at: progressive_size for the first
     progressive_epochs, img_size after."""
     return cfg.progressive_size if epoch < cfg.progressive_epochs else cfg.img_size
-
-
-def lr_factor(cfg: config.TrainConfig, epoch: int, step: int, steps_per_epoch: int) -> float:
-    """What the schedule's lr is multiplied by at step `step` (from 0) of epoch `epoch` (from 0):
-    a linear ramp from 1/n to 1 over the n = progressive_warmup epochs' steps after the switch to
-    img_size, and 1 everywhere else. Adam's second-moment estimates average the last ~1/(1 - beta2)
-    steps' squared gradients; the larger images' gradients outgrow them, and until they catch up
-    each step is larger than the lr says."""
-    n = round(cfg.progressive_warmup * steps_per_epoch)
-    k = (epoch - cfg.progressive_epochs) * steps_per_epoch + step  # steps since the switch
-    return (k + 1) / n if cfg.progressive_epochs and 0 <= k < n else 1.0
 
 
 def train_sizes(cfg: config.TrainConfig) -> list[int]:
@@ -264,18 +246,10 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         start = time.perf_counter()
         for step, (x, y) in enumerate(train_loader):
             parallel.inject_fault(rt, epoch + 1, step + 1)
-            factor = lr_factor(cfg, epoch, step, len(train_loader))
-            if factor != 1.0:  # on top of the scheduler's lr, which is put back after the step
-                scheduled = [group["lr"] for group in optimizer.param_groups]
-                for group, lr in zip(optimizer.param_groups, scheduled):
-                    group["lr"] = lr * factor
             loss = train_step(trainable, precision, x, y)
             steps.record(loss, y.shape[0])  # on the device: a .item() per step would stall the GPU queue
             if writer is not None:  # the lr each step used, for its TensorBoard scalar
                 lrs.append(optimizer.param_groups[0]["lr"])
-            if factor != 1.0:
-                for group, lr in zip(optimizer.param_groups, scheduled):
-                    group["lr"] = lr
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
                 scheduler.step()
             progress.step(y.shape[0] * rt.world_size, loss)  # reads the loss only when a refresh is due
@@ -349,7 +323,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                             "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "pad_channels": cfg.pad_channels,
                             "compile": cfg.compile,
                             "progressive_epochs": cfg.progressive_epochs, "progressive_size": cfg.progressive_size,
-                            "progressive_warmup": cfg.progressive_warmup, "adam_beta2": cfg.adam_beta2},
+                            "adam_beta2": cfg.adam_beta2},
                            {"hparam/images_per_second": metrics["images_per_second"],
                             "hparam/epoch_seconds": metrics["epoch_seconds"],
                             "hparam/peak_memory_mb": metrics["peak_memory_mb"],

@@ -4,7 +4,6 @@
 import csv
 
 import pytest
-import torch
 from scratch import TINY
 
 from fasttrain import config, engine, parallel
@@ -73,38 +72,3 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
     assert compiled == 2  # one training graph per size (64 images: no short last batch)
     after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]
     assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1
-
-
-@pytest.mark.parametrize("scheduler", ["none", "onecycle"])
-def test_progressive_warmup_ramps_the_lr_up_again_after_the_switch(tmp_path, monkeypatch, scheduler):
-    """progressive_warmup: the steps right after the switch to img_size use the schedule's lr times a
-    ramp from 1/n to 1 over n steps (here 1.5 epochs of 2 steps: n = 3), and the schedule itself goes
-    on as if there were no ramp (the rest of the run steps at exactly the schedule's lr)."""
-    layout = Layout(tmp_path)
-    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 training steps an epoch
-    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 4, "img_size": 32, "device": "cpu",
-                                                 "lr": 1e-3, "scheduler": scheduler, "progressive_epochs": 1,
-                                                 "progressive_size": 20, "progressive_warmup": 1.5}})
-    used = []
-    real_step = engine.train_step
-
-    def step(t, *args):  # the lr each optimizer step runs with
-        used.append(t.optimizer.param_groups[0]["lr"])
-        return real_step(t, *args)
-
-    monkeypatch.setattr("fasttrain.train.train_step", step)
-    train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=lambda msg: None)
-
-    if scheduler == "none":
-        schedule = [1e-3] * 8
-    else:  # the same OneCycleLR on its own
-        opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-3)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, epochs=4, steps_per_epoch=2)
-        schedule = []
-        for _ in range(8):
-            schedule.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
-    ramp = [1, 1, 1 / 3, 2 / 3, 1, 1, 1, 1]  # epoch 1 at 20 px, then 3 steps of ramp at 32 px
-    assert used == pytest.approx([lr * f for lr, f in zip(schedule, ramp)], rel=1e-9)
-    assert len(set(schedule)) == (1 if scheduler == "none" else 8)  # (the onecycle case checks a moving lr)

@@ -152,15 +152,6 @@ CASES = {
     "padded channels with the torchvision loader": Case(
         TRAIN, "train.pad_channels: true needs data.loader: gpu (the torchvision loader gives 3 channels)",
         {"data": {"loader": "torchvision"}, "train": {"pad_channels": True}}),
-    "progressive warm-up without progressive resizing": Case(
-        TRAIN, "train.progressive_warmup = 1.0 needs progressive resizing (train.progressive_epochs > 0)",
-        {"train": {"progressive_warmup": 1.0}}),
-    "progressive warm-up past the last epoch": Case(
-        TRAIN, "train.progressive_warmup = 1.5 epochs is longer than the training at train.img_size: use at most 1 "
-        "(train.epochs - train.progressive_epochs)",
-        {"train": {"progressive_epochs": 1, "progressive_size": 24, "progressive_warmup": 1.5}}),
-    "progressive warm-up negative": Case(TRAIN, "train.progressive_warmup = -1.0 is out of range: must be a number >= 0",
-                                         {"train": {"progressive_warmup": -1}}),
     "adam beta2 of 1": Case(TRAIN, "train.adam_beta2 = 1.0 is out of range: must be a number in (0, 1)",
                             {"train": {"adam_beta2": 1}}),
     "progressive epochs negative": Case(TRAIN, "train.progressive_epochs = -1 is out of range",
