@@ -36,13 +36,14 @@ one() {  # one run: config number $1, config $2, seed $3; its log is printed in 
     echo "config $n: $config seed $seed"
     FASTTRAIN_LOCK_DIR=$d ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
     FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16
-    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" <<'PY'
+    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n <<'PY'
 import json, sys
 t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]
 row["jobs"] = int(sys.argv[3])  # runs sharing the GPU: above 1, the seconds are not the recipe's
+row["config"] = int(sys.argv[4])  # its number: the N of its curve, epochs-N-SEED.csv
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
     cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch

@@ -1,11 +1,15 @@
 """The developer scripts that carry GPU work: they run where no test can watch them, so their
 contract is checked here on the CPU."""
 
+import io
+import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from scratch import REPO
@@ -79,3 +83,77 @@ def test_kernel_sass_counts_the_padded_tile_form():
                       r"([\d.]+) thread-instructions per output value \(sm_90\)", proc.stdout)
     assert found, proc.stdout
     assert int(found[1]) > 0 and float(found[2]) == pytest.approx(int(found[1]) * 128 / 2048, abs=0.05)
+
+
+def fast_summary(*args):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "fast_summary.py"), *map(str, args)],
+                          capture_output=True, text=True, check=False, timeout=60)
+
+
+def _curve(path, rows):
+    lines = ["epoch,elapsed_seconds,epoch_seconds,train_loss,test_accuracy,lr,images_per_second,img_size"]
+    lines += [f"{i + 1},{i + 1},1,{loss},{acc},0.001,1000,{size}" for i, (loss, acc, size) in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_fast_summary_tables_accuracy_the_switch_and_collapses(tmp_path):
+    rows = [  # config 2's rows predate the "config" field: --configs numbers them
+        {"overrides": "a=1", "config": 1, "seed": 0, "test_accuracy": 0.85},
+        {"overrides": "a=1", "config": 1, "seed": 1, "test_accuracy": 0.83},
+        {"overrides": "a=1", "config": 1, "seed": 2, "test_accuracy": 0.86},
+        {"overrides": "b=2", "seed": 0, "test_accuracy": 0.70},
+    ]
+    for r in rows:
+        r.update(train_seconds=17.0, compile_seconds=None, images_per_second=53000.0, jobs=4)
+    (tmp_path / "fast.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _curve(tmp_path / "epochs-1-0.csv", [(2.0, 0.3, 160), (1.0, 0.5, 160), (1.2, 0.6, 227)])  # x1.20
+    _curve(tmp_path / "epochs-1-1.csv", [(2.0, 0.3, 160), (1.0, 0.5, 160), (0.9, 0.1, 227)])  # x0.90, collapse
+    _curve(tmp_path / "epochs-1-2.csv", [(2.0, 0.1, 160), (1.0, 0.5, 160), (1.5, 0.6, 227)])  # below 0.2 first: no collapse
+    _curve(tmp_path / "epochs-2-0.csv", [(2.0, 0.45, 227), (1.8, 0.15, 227)])  # no switch; a collapse
+
+    table = fast_summary(tmp_path, "--configs", "a=1 b=2")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[2:] == [
+        "| `a=1` | 3 | 1 | 0.8300 / 0.8500 / 0.8600 | ×0.90 to ×1.50 | 1: epoch 3 |",
+        "| `b=2` | 1 | 1 | 0.7000 / 0.7000 / 0.7000 | (no switch) | 0: epoch 2 |",
+    ]
+    assert "| 0 | `b=2` | 4 | 17.00 |  | 53,000 | 0.7000 |" in fast_summary(tmp_path, "--configs", "a=1 b=2", "--runs").stdout
+    assert "below 0.86" in fast_summary(tmp_path, "--configs", "a=1 b=2", "--mark", "0.86").stdout
+
+    unnumbered = fast_summary(tmp_path)
+    assert unnumbered.returncode != 0 and "'b=2' records no config number" in unnumbered.stderr
+
+
+@pytest.mark.slow
+def test_gpu_fast_sweeps_configurations_two_runs_at_a_time(tmp_path):
+    """gpu_fast.sh on the CPU (a small model, no compile): JOBS=2 runs share the device, seed by seed;
+    every run leaves its row and curve, and fast_summary reads them without --configs."""
+    from PIL import Image
+
+    archive = tmp_path / "mini.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for split, n in (("train", 8), ("test", 2)):
+            for c in range(10):
+                for i in range(n):
+                    png = io.BytesIO()
+                    Image.new("RGB", (32, 32), (25 * c, 3 * i, 255 - 25 * c)).save(png, "PNG")
+                    info = tarfile.TarInfo(f"mini/{split}/c{c}/{i}.png")
+                    info.size = png.tell()
+                    tar.addfile(info, io.BytesIO(png.getvalue()))
+    small = ("model.name=squeezenet1_1,train.device=cpu,train.compile=false,train.img_size=32,"
+             "train.batch_size=16,evaluate.batch_size=20,train.epochs=2")
+    configs = f"{small},train.progressive_epochs=1,train.progressive_size=24 {small},train.progressive_epochs=0"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "JOBS": "2", "NO_TESTS": "1", "FT_BASE": str(tmp_path / "base")}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_fast.sh"), str(archive), str(tmp_path / "out"), "0 1",
+                           configs, "skip-bench"], capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "fast.jsonl").read_text().splitlines()]
+    assert sorted((r["config"], r["seed"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert {r["jobs"] for r in rows} == {2} and {r["epochs"] for r in rows} == {2}
+    assert all((tmp_path / "out" / f"epochs-{r['config']}-{r['seed']}.csv").exists() for r in rows)
+
+    table = fast_summary(tmp_path / "out")
+    assert table.returncode == 0, table.stderr
+    body = table.stdout.splitlines()[2:]
+    assert len(body) == 2 and "train.progressive_size=24` | 2 |" in body[0] and "(no switch)" in body[1]
