@@ -36,7 +36,7 @@ def load_runs(folder: Path, configs: list[str]) -> list[dict]:
         row["config"] = n
         curve = folder / f"epochs-{n}-{row['seed']}.csv"
         with open(curve) as f:
-            row["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+            row["curve"] = [{k: float(v) if v else None for k, v in r.items()} for r in csv.DictReader(f)]
         runs.append(row)
     return runs
 

@@ -116,10 +116,11 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     cfg, precision = params.train, PRECISIONS[case.precision]
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     t = build_trainable(params, precision, rt, len(dataset.classes))
-    steps = StepLog(1024, rt.device, t.scaler)
+    steps = StepLog(1024, rt.device, t.scaler, grad_norms=t.grad_clip is not None)
 
     def step(x, y):  # exactly what the training loop does per step
-        steps.record(train_step(t, precision, x, y), y.shape[0])
+        loss, grad_norm = train_step(t, precision, x, y)
+        steps.record(loss, y.shape[0], grad_norm)
 
     dtype = input_dtype(params, precision)  # what the gpu loader hands the model
     channels = input_channels(params)  # the gpu loader's (pad_channels); the torchvision loader's are 3

@@ -53,6 +53,7 @@ class TrainConfig:
     lr: float = 1.0e-4  # AdamW learning rate (peak lr under onecycle)
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     adam_beta2: float = 0.999  # AdamW's second-moment decay (torch's default); its estimates average ~1/(1 - beta2) steps
+    grad_clip: float | None = None  # the largest L2 norm of all gradients together; larger ones are scaled down; null: off
     seed: int = 0
     img_size: int = 227  # pixels per side the 32x32 images are resized to
     progressive_epochs: int = 0  # progressive resizing: the first N epochs train at progressive_size (gpu loader)
@@ -105,6 +106,7 @@ _RANGES = {
     ("train", "lr"): (lambda v: v > 0, "a number > 0"),
     ("train", "weight_decay"): (lambda v: v >= 0, "a number >= 0"),
     ("train", "adam_beta2"): (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train", "grad_clip"): (lambda v: v is None or v > 0, "null (off) or a number > 0"),
     ("train", "img_size"): (lambda v: v >= 8, "an integer >= 8"),
     ("train", "progressive_epochs"): (lambda v: v >= 0, "an integer >= 0 (0: off)"),
     ("train", "progressive_size"): (lambda v: v >= 8, "an integer >= 8"),
@@ -141,7 +143,8 @@ def _type_ok(value, annotation) -> bool:
 
 def _type_name(annotation) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "str | None": "a string or null", "int | None": "an integer or null"}.get(annotation, annotation)
+            "str | None": "a string or null", "int | None": "an integer or null",
+            "float | None": "a number or null"}.get(annotation, annotation)
 
 
 def _section(cls, section: str, raw) -> object:
@@ -158,7 +161,7 @@ def _section(cls, section: str, raw) -> object:
         annotation = fields[name].type
         if not _type_ok(value, annotation):
             raise FasttrainError(f"params {section}.{name} must be {_type_name(annotation)}, got {value!r}")
-        if annotation == "float" and value is not None:
+        if annotation in ("float", "float | None") and value is not None:
             value = float(value)
         check = _RANGES.get((section, name))
         if check and not check[0](value):

@@ -23,6 +23,7 @@ class Trainable:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     label_smoothing: float = 0.0
+    grad_clip: float | None = None  # the largest L2 norm of all gradients together (None: no clipping)
 
 
 def build_trainable(params: config.Params, precision: Precision, rt: parallel.Runtime, num_classes: int) -> Trainable:
@@ -41,18 +42,24 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay, fused=cfg.fused_adamw and rt.device.type == "cuda")
-    return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing)
+    return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip)
 
 
-def train_step(t: Trainable, precision: Precision, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One optimizer step. Returns the loss as a device tensor: nothing here waits for the GPU."""
+def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
+               y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step. Returns the loss and, with grad_clip, the gradients' L2 norm before
+    clipping, as device tensors: nothing here waits for the GPU."""
     with precision.autocast(x.device.type):
         loss = F.cross_entropy(t.net(x), y, label_smoothing=t.label_smoothing)
     t.optimizer.zero_grad(set_to_none=True)
     t.scaler.scale(loss).backward()
-    t.scaler.step(t.optimizer)
+    grad_norm = None
+    if t.grad_clip is not None:
+        t.scaler.unscale_(t.optimizer)  # clip the true gradients, not the loss-scaled ones (amp)
+        grad_norm = torch.nn.utils.clip_grad_norm_(t.raw.parameters(), t.grad_clip, foreach=True)
+    t.scaler.step(t.optimizer)  # (after unscale_, a step with inf/NaN gradients is still skipped)
     t.scaler.update()
-    return loss.detach()
+    return loss.detach(), grad_norm
 
 
 class StepLog:
@@ -64,18 +71,21 @@ class StepLog:
     only falls by backing off, so comparing each step's scale with the one before counts the skips.
     """
 
-    def __init__(self, steps: int, device: torch.device, scaler: torch.amp.GradScaler):
+    def __init__(self, steps: int, device: torch.device, scaler: torch.amp.GradScaler, grad_norms: bool = False):
         self.losses = torch.zeros(max(1, steps), device=device)
+        self.grad_norms = torch.zeros(max(1, steps), device=device) if grad_norms else None
         self.scaler = scaler
         self.scales = torch.zeros(max(1, steps), device=device) if scaler.is_enabled() else None
         self.start_scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync per epoch
         self.steps = 0
         self.batch_sizes: list[int] = []  # host ints: images per step
 
-    def record(self, loss: torch.Tensor, images: int) -> None:
-        """After a step that took `images` images."""
+    def record(self, loss: torch.Tensor, images: int, grad_norm: torch.Tensor | None = None) -> None:
+        """After a step that took `images` images (and had gradients of norm `grad_norm`)."""
         i = self.steps % len(self.losses)  # wraps around in the benchmark, which runs on and on
         self.losses[i:i + 1].copy_(loss)
+        if self.grad_norms is not None:
+            self.grad_norms[i:i + 1].copy_(grad_norm)
         if self.scales is not None:
             self.scales[i:i + 1].copy_(self.scaler._scale)  # after update(): the scale the next step uses
         if self.steps < len(self.losses):
@@ -95,11 +105,15 @@ class StepLog:
             scales = self.scales[:n].cpu()
             previous = torch.cat([torch.tensor([self.start_scale]), scales[:-1]])
             skipped = int((scales < previous).sum())
+        norms = None if self.grad_norms is None else self.grad_norms[:n].double().cpu()
+        finite_norms = None if norms is None else norms[torch.isfinite(norms)]
         return {"loss_sum": float(torch.where(finite, losses * weights, 0.0).sum()),
                 "images": int(weights.sum()), "bad_steps": int(bad.numel()),
                 "first_bad_step": int(bad[0, 0]) if bad.numel() else None,
                 "skipped_steps": skipped, "losses": losses.tolist(),
-                "scales": None if scales is None else scales.tolist()}
+                "scales": None if scales is None else scales.tolist(),
+                "grad_norms": None if norms is None else norms.tolist(),
+                "grad_norm_max": float(finite_norms.max()) if finite_norms is not None and finite_norms.numel() else None}
 
 
 def synchronize(device: torch.device) -> None:

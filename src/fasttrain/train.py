@@ -121,6 +121,7 @@ class EpochRecord:
     lr: float
     images: int
     img_size: int | None = None  # the training resolution (None in checkpoints from before progressive resizing)
+    max_grad_norm: float | None = None  # the largest gradient norm of the epoch's steps, before clipping (grad_clip only)
 
     @property
     def images_per_second(self) -> float:
@@ -239,15 +240,15 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         if cfg.progressive_epochs:  # (the gpu loader: check_train)
             train_loader.set_img_size(size)
         net.train()
-        steps = StepLog(len(train_loader), rt.device, scaler)
+        steps = StepLog(len(train_loader), rt.device, scaler, grad_norms=cfg.grad_clip is not None)
         lrs = []
         progress.start_epoch(epoch)
         synchronize(rt.device)
         start = time.perf_counter()
         for step, (x, y) in enumerate(train_loader):
             parallel.inject_fault(rt, epoch + 1, step + 1)
-            loss = train_step(trainable, precision, x, y)
-            steps.record(loss, y.shape[0])  # on the device: a .item() per step would stall the GPU queue
+            loss, grad_norm = train_step(trainable, precision, x, y)
+            steps.record(loss, y.shape[0], grad_norm)  # on the device: a .item() per step would stall the GPU queue
             if writer is not None:  # the lr each step used, for its TensorBoard scalar
                 lrs.append(optimizer.param_groups[0]["lr"])
             if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
@@ -282,6 +283,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                     writer.add_scalar("train/lr", lrs[i], global_step)
                     if summary["scales"] is not None:
                         writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
+                    if summary["grad_norms"] is not None:
+                        writer.add_scalar("train/grad_norm", summary["grad_norms"][i], global_step)
         state.global_step += steps.steps
         epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
         state.skipped_steps += skip
@@ -291,12 +294,13 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(epoch_loss)
         record = EpochRecord(epoch + 1, float(seconds_t[0]), epoch_loss, accuracy,
-                             optimizer.param_groups[0]["lr"], seen, size)
+                             optimizer.param_groups[0]["lr"], seen, size, summary["grad_norm_max"])
         state.history.append(record)
         state.epoch = epoch + 1
         at = f" at {size} px" if cfg.progressive_epochs else ""
+        norm = "" if record.max_grad_norm is None else f"  max grad norm {record.max_grad_norm:.3g}"
         log(f"{variant}: epoch {record.epoch}/{cfg.epochs}{at}  loss {epoch_loss:.4f}  "
-            f"test acc {accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s")
+            f"test acc {accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s{norm}")
         if writer is not None:
             writer.add_scalar("epoch/train_loss", epoch_loss, record.epoch)
             writer.add_scalar("epoch/test_accuracy", accuracy, record.epoch)
@@ -323,7 +327,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                             "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "pad_channels": cfg.pad_channels,
                             "compile": cfg.compile,
                             "progressive_epochs": cfg.progressive_epochs, "progressive_size": cfg.progressive_size,
-                            "adam_beta2": cfg.adam_beta2},
+                            "adam_beta2": cfg.adam_beta2, "grad_clip": cfg.grad_clip or 0.0},
                            {"hparam/images_per_second": metrics["images_per_second"],
                             "hparam/epoch_seconds": metrics["epoch_seconds"],
                             "hparam/peak_memory_mb": metrics["peak_memory_mb"],
@@ -355,13 +359,14 @@ def _history_csv(history: list[EpochRecord]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second",
-                "img_size"])
+                "img_size", "max_grad_norm"])
     elapsed = 0.0
     for r in history:
         elapsed += r.seconds
         w.writerow([r.epoch, f"{elapsed:.3f}", f"{r.seconds:.3f}", f"{r.train_loss:.6f}",
                     "" if r.test_accuracy is None else f"{r.test_accuracy:.6f}", f"{r.lr:.3g}",
-                    f"{r.images_per_second:.1f}", "" if r.img_size is None else r.img_size])
+                    f"{r.images_per_second:.1f}", "" if r.img_size is None else r.img_size,
+                    "" if r.max_grad_norm is None else f"{r.max_grad_norm:.4g}"])
     return out.getvalue()
 
 

@@ -1,5 +1,7 @@
 """A real tiny `fasttrain train`, its TensorBoard logs read back with TensorBoard's own reader."""
 
+import csv
+
 import pytest
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -21,9 +23,12 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
     set_params(tiny_repo, {"data": {"synthetic_train_size": 64}, "train": {"epochs": EPOCHS, "log_every_steps": 1}})
     run(["fasttrain", "download"], tiny_repo)
     for precision in ("fp32", "amp"):
+        if precision == "amp":  # and gradient clipping, on the gradients GradScaler unscaled
+            set_params(tiny_repo, {"train": {"grad_clip": 1.0}})
         out = run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
         assert "\r" not in out.stderr  # not a terminal: lines, never a bar
         assert f"single-{precision}: epoch {EPOCHS}/{EPOCHS}" in out.stderr
+        assert ("max grad norm" in out.stderr) == (precision == "amp")
 
     mux = EventMultiplexer().AddRunsFromDirectory(str(tiny_repo / "tensorboard"))
     mux.Reload()
@@ -48,3 +53,17 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
     assert [e.step for e in scale] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert all(e.value > 1 for e in scale)
     assert "train/loss_scale" not in mux.GetAccumulator("single-fp32").Tags()["scalars"]
+
+    # The gradients' norm before clipping: every step with grad_clip, never without; the per-epoch
+    # table has each epoch's largest. Unscaled: a loss-scaled norm would be thousands of times larger.
+    norms = mux.Scalars("single-amp", "train/grad_norm")
+    assert [e.step for e in norms] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert all(0 < e.value < 1e3 for e in norms)
+    assert "train/grad_norm" not in mux.GetAccumulator("single-fp32").Tags()["scalars"]
+    with open(tiny_repo / "plots" / "train" / "single-amp.csv") as f:
+        epochs = list(csv.DictReader(f))
+    for epoch in range(EPOCHS):
+        in_epoch = [e.value for e in norms][epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
+        assert float(epochs[epoch]["max_grad_norm"]) == pytest.approx(max(in_epoch), rel=1e-3)
+    with open(tiny_repo / "plots" / "train" / "single-fp32.csv") as f:
+        assert {r["max_grad_norm"] for r in csv.DictReader(f)} == {""}

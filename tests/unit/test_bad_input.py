@@ -152,6 +152,10 @@ CASES = {
     "padded channels with the torchvision loader": Case(
         TRAIN, "train.pad_channels: true needs data.loader: gpu (the torchvision loader gives 3 channels)",
         {"data": {"loader": "torchvision"}, "train": {"pad_channels": True}}),
+    "gradient clipping at 0": Case(TRAIN, "train.grad_clip = 0.0 is out of range: must be null (off) or a number > 0",
+                                   {"train": {"grad_clip": 0}}),
+    "gradient clipping a string": Case(TRAIN, "train.grad_clip must be a number or null, got 'yes'",
+                                       {"train": {"grad_clip": "yes"}}),
     "adam beta2 of 1": Case(TRAIN, "train.adam_beta2 = 1.0 is out of range: must be a number in (0, 1)",
                             {"train": {"adam_beta2": 1}}),
     "progressive epochs negative": Case(TRAIN, "train.progressive_epochs = -1 is out of range",

@@ -82,3 +82,33 @@ def test_the_optimizer_is_adamw_with_the_params_betas_and_weight_decay(beta2):
     assert isinstance(t.optimizer, torch.optim.AdamW)
     group = t.optimizer.param_groups[0]
     assert (group["betas"], group["weight_decay"], group["lr"]) == ((0.9, beta2), 0.05, 3e-4)
+
+
+def test_grad_clip_returns_the_norm_before_clipping_and_clips_to_it():
+    from fasttrain import config, parallel
+    from fasttrain.engine import build_trainable, train_step
+    from fasttrain.precision import PRECISIONS
+
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    norms = {}
+    for clip in (None, 1e-3):
+        params = config.from_dict({"model": {"name": "resnet18"}, "train": {"grad_clip": clip, "device": "cpu"}})
+        t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), num_classes=10)
+        t.optimizer.step = lambda: None  # keep the weights: the step's gradients are what is checked
+        loss, norm = train_step(t, PRECISIONS["fp32"], x, y)
+        after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in t.raw.parameters()]))
+        norms[clip] = (float(loss), None if norm is None else float(norm), float(after))
+    loss, none, unclipped = norms[None]
+    assert none is None
+    assert norms[1e-3][0] == pytest.approx(loss)  # the same initial weights and batch
+    assert norms[1e-3][1] == pytest.approx(unclipped, rel=1e-4) and unclipped > 1e-2  # the norm before clipping
+    assert norms[1e-3][2] == pytest.approx(1e-3, rel=1e-3)  # and the gradients clipped to the limit
+
+
+def test_grad_norms_are_kept_per_step_and_their_finite_maximum_reported():
+    log = StepLog(4, CPU, FakeScaler(None), grad_norms=True)
+    for norm in (1.5, float("inf"), 4.0):
+        log.record(torch.tensor(1.0), 2, torch.tensor(norm))
+    summary = log.summary()
+    assert summary["grad_norms"] == [1.5, float("inf"), 4.0] and summary["grad_norm_max"] == 4.0
+    assert StepLog(4, CPU, FakeScaler(None)).summary()["grad_norm_max"] is None
