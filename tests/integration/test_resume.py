@@ -227,9 +227,9 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
     real_step, steps = engine.train_step, []
 
     def poisoned(t, precision, x, y):
-        loss = real_step(t, precision, x, y)
+        loss, grad_norm = real_step(t, precision, x, y)
         steps.append(1)
-        return loss * float("nan") if len(steps) == 4 else loss  # epoch 2, step 2
+        return (loss * float("nan") if len(steps) == 4 else loss), grad_norm  # epoch 2, step 2
 
     monkeypatch.setattr("fasttrain.train.train_step", poisoned)
     rt = parallel.setup("single", "cpu")
@@ -264,7 +264,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
             if len(steps) == fail_at_step:
                 if not nan:
                     raise RuntimeError("crash")
-                return real_step(t, precision, x, y) * float("nan")
+                loss, grad_norm = real_step(t, precision, x, y)
+                return loss * float("nan"), grad_norm
             return real_step(t, precision, x, y)
 
         monkeypatch.setattr("fasttrain.train.train_step", step)

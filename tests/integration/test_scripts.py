@@ -157,3 +157,18 @@ def test_gpu_fast_sweeps_configurations_two_runs_at_a_time(tmp_path):
     assert table.returncode == 0, table.stderr
     body = table.stdout.splitlines()[2:]
     assert len(body) == 2 and "train.progressive_size=24` | 2 |" in body[0] and "(no switch)" in body[1]
+
+
+@pytest.mark.parametrize("grad_clip", [None, 1.0])
+def test_gpu_sweep_profiles_the_training_step_on_the_cpu(grad_clip, monkeypatch):
+    """gpu_sweep.py's profiled step is the training loop's step; on the CPU it has no CUDA kernels."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_sweep
+
+    from fasttrain import config, parallel
+    from fasttrain.precision import PRECISIONS
+
+    params = config.from_dict({"model": {"name": "squeezenet1_1"},
+                               "train": {"img_size": 32, "device": "cpu", "grad_clip": grad_clip}})
+    result = gpu_sweep.kernel_ms_per_step(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), 10, 8, steps=3)
+    assert result["wall_ms_per_step_profiled"] > 0 and result["kernel_ms_per_step"] == 0 and result["top"] == []
