@@ -116,7 +116,7 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     cfg, precision = params.train, PRECISIONS[case.precision]
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     t = build_trainable(params, precision, rt, len(dataset.classes))
-    steps = StepLog(1024, rt.device, t.scaler, grad_norms=t.grad_clip is not None)
+    steps = StepLog(1024, rt.device, t.scaler)
 
     def step(x, y):  # exactly what the training loop does per step
         loss, grad_norm = train_step(t, precision, x, y)

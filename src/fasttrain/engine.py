@@ -63,7 +63,7 @@ def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
 
 
 class StepLog:
-    """An epoch's per-step loss and loss scale, kept on the device: one or two copies per step and
+    """An epoch's per-step loss, loss scale and (grad_clip) gradient norm, kept on the device: one or two copies per step and
     one host sync per epoch, instead of a dozen small kernels (or a sync) per step. At batch 64 a
     step is bound by kernel launches, so every launch saved is throughput.
 
@@ -71,9 +71,9 @@ class StepLog:
     only falls by backing off, so comparing each step's scale with the one before counts the skips.
     """
 
-    def __init__(self, steps: int, device: torch.device, scaler: torch.amp.GradScaler, grad_norms: bool = False):
+    def __init__(self, steps: int, device: torch.device, scaler: torch.amp.GradScaler):
         self.losses = torch.zeros(max(1, steps), device=device)
-        self.grad_norms = torch.zeros(max(1, steps), device=device) if grad_norms else None
+        self.grad_norms: torch.Tensor | None = None  # from the first step that has a norm (grad_clip)
         self.scaler = scaler
         self.scales = torch.zeros(max(1, steps), device=device) if scaler.is_enabled() else None
         self.start_scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync per epoch
@@ -84,7 +84,9 @@ class StepLog:
         """After a step that took `images` images (and had gradients of norm `grad_norm`)."""
         i = self.steps % len(self.losses)  # wraps around in the benchmark, which runs on and on
         self.losses[i:i + 1].copy_(loss)
-        if self.grad_norms is not None:
+        if grad_norm is not None:
+            if self.grad_norms is None:
+                self.grad_norms = torch.zeros_like(self.losses)
             self.grad_norms[i:i + 1].copy_(grad_norm)
         if self.scales is not None:
             self.scales[i:i + 1].copy_(self.scaler._scale)  # after update(): the scale the next step uses

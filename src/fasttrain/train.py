@@ -240,7 +240,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         if cfg.progressive_epochs:  # (the gpu loader: check_train)
             train_loader.set_img_size(size)
         net.train()
-        steps = StepLog(len(train_loader), rt.device, scaler, grad_norms=cfg.grad_clip is not None)
+        steps = StepLog(len(train_loader), rt.device, scaler)
         lrs = []
         progress.start_epoch(epoch)
         synchronize(rt.device)

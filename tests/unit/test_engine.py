@@ -106,7 +106,7 @@ def test_grad_clip_returns_the_norm_before_clipping_and_clips_to_it():
 
 
 def test_grad_norms_are_kept_per_step_and_their_finite_maximum_reported():
-    log = StepLog(4, CPU, FakeScaler(None), grad_norms=True)
+    log = StepLog(4, CPU, FakeScaler(None))
     for norm in (1.5, float("inf"), 4.0):
         log.record(torch.tensor(1.0), 2, torch.tensor(norm))
     summary = log.summary()
