@@ -63,9 +63,9 @@ def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
 
 
 class StepLog:
-    """An epoch's per-step loss, loss scale and (grad_clip) gradient norm, kept on the device: one or two copies per step and
-    one host sync per epoch, instead of a dozen small kernels (or a sync) per step. At batch 64 a
-    step is bound by kernel launches, so every launch saved is throughput.
+    """An epoch's per-step loss, loss scale and (grad_clip) gradient norm, kept on the device: a
+    few copies per step and one host sync per epoch, instead of a dozen small kernels (or a sync)
+    per step. At batch 64 a step is bound by kernel launches, so every launch saved is throughput.
 
     A step that GradScaler skipped (inf/NaN gradients) is one where its scale went down: the scale
     only falls by backing off, so comparing each step's scale with the one before counts the skips.
