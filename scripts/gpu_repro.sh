@@ -4,9 +4,11 @@
 #   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [--queue J] [--fast "SEEDS"] [k=v ...]
 #
 #   plain       `dvc repro`, with the params overrides k=v laid over params.yaml
-#   --queue J   the README's several-GPU recipe instead: every variant queued as an experiment with
-#               train.nproc=1, `dvc queue start -j J` (each leases its own GPU), then `dvc repro`
-#               restores them from the run-cache and compares
+#   --queue J   the README's several-GPU recipe instead: every variant (FT_VARIANTS: some) queued as
+#               an experiment with train.nproc=1, `dvc queue start -j J` (each leases its own GPU),
+#               then `dvc repro` restores them from the run-cache and compares. If the queue runs out
+#               of SECONDS it is stopped and the call exits 75; call again with the same arguments
+#               (the queue is not run twice): its `dvc repro` restores what finished, runs the rest
 #   --fast S    afterwards, `make fast`'s experiment once per seed in S (FT_FAST_EXTRA: more -S flags,
 #               for a CPU check)
 #
@@ -43,12 +45,6 @@ if ! python3 -c "import dvc" 2>/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$work/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-py=$(command -v python3)
-mkdir -p /tmp/ft-bin
-printf '#!/bin/sh\nexec %s -m fasttrain "$@"\n' "$py" > /tmp/ft-bin/fasttrain
-printf '#!/bin/sh\nexec %s -m dvc "$@"\n' "$py" > /tmp/ft-bin/dvc
-chmod +x /tmp/ft-bin/fasttrain /tmp/ft-bin/dvc
-export PATH=/tmp/ft-bin:$PATH
 
 if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout, without carried files
   mkdir -p "$work"
@@ -58,27 +54,42 @@ if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout, 
   git init -q && git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm checkout
 fi
 cd "$work"
+py=$(command -v python3) bin=$work/.dvc/tmp/bin  # (.dvc/tmp: ignored by git and DVC)
+mkdir -p "$bin"
+printf '#!/bin/sh\nexec %s -m fasttrain "$@"\n' "$py" > "$bin/fasttrain"
+printf '#!/bin/sh\nexec %s -m dvc "$@"\n' "$py" > "$bin/dvc"
+chmod +x "$bin/fasttrain" "$bin/dvc"
+export PATH=$bin:$PATH
 python3 scripts/overlay.py params.yaml /dev/null params.yaml "data.source=$archive" \
   "$@"
 nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/machine.txt"
 
-if [ -n "$jobs" ]; then  # queue every variant's evaluate stage (and what it needs) as an experiment
+queued=.dvc/tmp/gpu-repro-queued  # the queue ran (a later call with --queue goes straight to dvc repro)
+if [ -n "$jobs" ] && [ ! -e "$queued" ]; then  # queue every variant's evaluate stage as an experiment
   end=$((SECONDS + seconds))
-  dvc repro download > "$out/repro.raw" 2>&1 || { cat "$out/repro.raw"; exit 1; }
+  dvc repro download > "$out/queue.raw" 2>&1 || { cat "$out/queue.raw"; exit 1; }
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "data and params" || true
-  variants=$(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)')
+  variants=${FT_VARIANTS:-$(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)')}
   for v in $variants; do
-    dvc exp run --queue -n "$v" "evaluate@$v" >> "$out/repro.raw" 2>&1
+    dvc exp run --queue -n "$v" "evaluate@$v" >> "$out/queue.raw" 2>&1 || { cat "$out/queue.raw"; exit 1; }
   done
-  dvc queue start -j "$jobs" >> "$out/repro.raw" 2>&1
+  dvc queue start -j "$jobs" >> "$out/queue.raw" 2>&1
+  touch "$queued"
   pending() { [[ $(dvc queue status 2>/dev/null) =~ Queued|Running ]]; }  # (no grep -q: pipefail)
   while pending && [ $SECONDS -lt $end ]; do sleep 5; done
-  pending && dvc queue stop --kill >> "$out/repro.raw" 2>&1  # out of time: stop the workers' runs too
+  late=; pending && late=1 && dvc queue stop --kill >> "$out/queue.raw" 2>&1  # stop the workers' runs too
+  grep -v -i -e warning -e "warn(" "$out/queue.raw" > "$out/queue.log"; rm -f "$out/queue.raw"
   dvc queue status | tee -a "$out/repro.log"
   for v in $variants; do
     dvc queue logs "$v" 2>/dev/null | grep -E "epoch .*/|test accuracy|Traceback|rror" | tail -3 >> "$out/repro.log"
   done
+  if [ -n "$late" ]; then  # what finished is in DVC's run-cache: the next call's dvc repro restores it
+    ok=$(dvc queue status 2>/dev/null | grep -c Success)
+    echo "gpu_repro: the queue ran out of time ($ok of $(wc -w <<< "$variants") experiments succeeded);" \
+      "call again with the same arguments: its dvc repro restores what finished and runs the rest"
+    exit 75
+  fi
   seconds=$(( end > SECONDS + 60 ? end - SECONDS : 60 ))  # what is left for the dvc repro below
 fi
 
@@ -86,11 +97,13 @@ fi
 # Ctrl-C, so the running stage stops cleanly and its last checkpoint is what the next call resumes.
 setsid dvc repro ${FT_TARGETS:-} > "$out/repro.raw" 2>&1 &
 pid=$!
-(sleep "$seconds"; kill -INT -- -$pid 2>/dev/null; sleep 60; kill -KILL -- -$pid 2>/dev/null) &
+# The watchdog is a process group of its own too, so that its sleep ends with it (a sleep left
+# behind would hold this script's stdout open for its caller).
+setsid bash -c 'sleep "$0"; kill -INT -- -"$1"; sleep 60; kill -KILL -- -"$1"' "$seconds" $pid > /dev/null 2>&1 &
 watchdog=$!
 wait $pid
 status=$?
-kill $watchdog 2>/dev/null
+kill -- -$watchdog 2>/dev/null
 # torchrun starts ddp workers in sessions of their own: make sure none outlives a stopped run
 [ $status -eq 0 ] || pkill -KILL -f "fasttrain (train|evaluate)" 2>/dev/null
 grep -v -i -e warning -e "warn(" "$out/repro.raw" | tee -a "$out/repro.log"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scratch import REPO
+from scratch import REPO, TINY, copy_repo
 
 DETACHED = str(REPO / "scripts" / "detached.sh")
 
@@ -172,3 +172,61 @@ def test_gpu_sweep_profiles_the_training_step_on_the_cpu(grad_clip, monkeypatch)
                                "train": {"img_size": 32, "device": "cpu", "grad_clip": grad_clip}})
     result = gpu_sweep.kernel_ms_per_step(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), 10, 8, steps=3)
     assert result["wall_ms_per_step_profiled"] > 0 and result["kernel_ms_per_step"] == 0 and result["top"] == []
+
+
+def gpu_repro(repo, out, seconds, *args, variants, work, timeout=900):
+    """scripts/gpu_repro.sh from a scratch copy of the repo, on the CPU with TINY's params, queueing
+    only `variants` (FT_VARIANTS) and making only their evaluate stages (FT_TARGETS)."""
+    overrides = [f"{section}.{key}={value}" for section, values in TINY.items() for key, value in values.items()
+                 if key != "source"]
+    small = "-S train.epochs=1 -S train.progressive_epochs=0 -S train.batch_size=32 -S train.compile=false"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "FT_WORK": str(work), "FT_VARIANTS": " ".join(variants), "FT_FAST_EXTRA": small,
+           "FT_TARGETS": " ".join(f"evaluate@{v}" for v in variants)}
+    return subprocess.run(["bash", str(repo / "scripts" / "gpu_repro.sh"), "synthetic", str(out), str(seconds), *args,
+                           *overrides], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_gpu_repro_queue_trains_each_variant_once_and_dvc_repro_restores_them(tmp_path):
+    """The README's several-GPU recipe as gpu_repro.sh --queue runs it: the queued experiments train,
+    and the dvc repro after restores every stage from the run-cache instead of training again."""
+    repo = copy_repo(tmp_path / "repo")
+    variants = ["single-fp32", "ddp-bf16"]
+    proc = gpu_repro(repo, tmp_path / "out", 600, "--queue", "2", variants=variants, work=tmp_path / "work")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / "out" / "repro.log").read_text()
+    assert log.count("Success") == 2, log
+    for v in variants:
+        for stage in ("train", "evaluate"):
+            assert f"Stage '{stage}@{v}' is cached - skipping run" in log, log
+    assert "Running stage" not in log, log  # nothing trained twice
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {f"metrics/eval/{v}.json" for v in variants} <= names
+
+
+@pytest.mark.slow
+def test_gpu_repro_queue_out_of_time_exits_75_and_the_same_call_again_finishes(tmp_path):
+    """A queue stopped at its time limit: the call says so and exits 75 without a dvc repro of its own;
+    the same call again does not queue anything twice, its dvc repro makes the stages, and --fast's
+    experiment runs after."""
+    repo, work, out = copy_repo(tmp_path / "repo"), tmp_path / "work", tmp_path / "out"
+    variants = ["single-fp32", "dp-amp"]
+    first = gpu_repro(repo, out, 1, "--queue", "2", "--fast", "0", variants=variants, work=work)
+    assert first.returncode == 75, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "the queue ran out of time" in first.stdout and "call again with the same arguments" in first.stdout
+    assert "Queued experiment 'dp-amp'" in (out / "queue.log").read_text()
+    assert not (out / "results.tar.gz").exists()
+
+    out = tmp_path / "again"
+    again = gpu_repro(repo, out, 600, "--queue", "2", "--fast", "0", variants=variants, work=work)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert not (out / "queue.log").exists()  # nothing queued again
+    log = (out / "repro.log").read_text()
+    assert "dvc repro exit status 0" in again.stdout
+    assert all(f"stage 'evaluate@{v}'" in log.lower() for v in variants), log
+    assert "Ran experiment(s)" in (out / "fast.log").read_text()
+    with tarfile.open(out / "results.tar.gz") as tar:
+        evals = {n for n in tar.getnames() if n.startswith("metrics/eval/")}
+    assert {f"metrics/eval/{v}.json" for v in variants} <= evals
