@@ -17,8 +17,9 @@
 # a git repository made from a copy of this checkout in $FT_WORK (default /tmp/ft-repro), kept
 # between calls: a second call on a still-warm machine carries on where a timed-out one stopped,
 # since finished stages are in dvc.lock and an unfinished train stage resumes from its checkpoint.
-# OUT gets the log and results.tar.gz (metrics/, plots/, dvc.lock, params.yaml). FT_TARGETS (environment):
-# the stages `dvc repro` makes (default: all), e.g. "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
+# OUT gets repro.log (with --queue also queue.log) and results.tar.gz (metrics/, plots/, dvc.lock,
+# params.yaml). FT_TARGETS (environment): the stages `dvc repro` makes (default: all), e.g.
+# "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
 # For a run longer than one device call, start it with scripts/detached.sh and OUT=DIR/out, then
 # collect it with further calls made at once (the machine stays warm only ~30 s between calls):
 #   scripts/detached.sh /tmp/ftd 570 -- scripts/gpu_repro.sh ARCHIVE /tmp/ftd/out 1500 --fast "0 1 2"
