@@ -81,12 +81,13 @@ if [ -n "$jobs" ] && [ ! -e "$queued" ]; then  # queue every variant's evaluate 
   while pending && [ $SECONDS -lt $end ]; do sleep 5; done
   late=; pending && late=1 && dvc queue stop --kill >> "$out/queue.raw" 2>&1  # stop the workers' runs too
   grep -v -i -e warning -e "warn(" "$out/queue.raw" > "$out/queue.log"; rm -f "$out/queue.raw"
-  dvc queue status | tee -a "$out/repro.log"
+  queue=$(dvc queue status 2>/dev/null)
+  tee -a "$out/repro.log" <<< "$queue"
   for v in $variants; do
     dvc queue logs "$v" 2>/dev/null | grep -E "epoch .*/|test accuracy|Traceback|rror" | tail -3 >> "$out/repro.log"
   done
   if [ -n "$late" ]; then  # what finished is in DVC's run-cache: the next call's dvc repro restores it
-    ok=$(dvc queue status 2>/dev/null | grep -c Success)
+    ok=$(grep -c Success <<< "$queue")
     echo "gpu_repro: the queue ran out of time ($ok of $(wc -w <<< "$variants") experiments succeeded);" \
       "call again with the same arguments: its dvc repro restores what finished and runs the rest"
     exit 75

@@ -39,9 +39,11 @@ def set_params(repo: Path, overrides: dict) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`cmd` with this Python's scripts first on PATH (and `env` added to the environment)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

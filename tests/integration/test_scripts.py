@@ -9,10 +9,9 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
-from scratch import REPO, TINY, copy_repo
+from scratch import REPO, TINY, copy_repo, run
 
 DETACHED = str(REPO / "scripts" / "detached.sh")
 
@@ -143,10 +142,9 @@ def test_gpu_fast_sweeps_configurations_two_runs_at_a_time(tmp_path):
     small = ("model.name=squeezenet1_1,train.device=cpu,train.compile=false,train.img_size=32,"
              "train.batch_size=16,evaluate.batch_size=20,train.epochs=2")
     configs = f"{small},train.progressive_epochs=1,train.progressive_size=24 {small},train.progressive_epochs=0"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "JOBS": "2", "NO_TESTS": "1", "FT_BASE": str(tmp_path / "base")}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_fast.sh"), str(archive), str(tmp_path / "out"), "0 1",
-                           configs, "skip-bench"], capture_output=True, text=True, env=env, timeout=600, check=False)
+    proc = run(["bash", str(REPO / "scripts" / "gpu_fast.sh"), str(archive), str(tmp_path / "out"), "0 1", configs,
+                "skip-bench"], tmp_path, timeout=600, check=False,
+               env={"JOBS": "2", "NO_TESTS": "1", "FT_BASE": str(tmp_path / "base")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "fast.jsonl").read_text().splitlines()]
     assert sorted((r["config"], r["seed"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -180,11 +178,10 @@ def gpu_repro(repo, out, seconds, *args, variants, work, timeout=900):
     overrides = [f"{section}.{key}={value}" for section, values in TINY.items() for key, value in values.items()
                  if key != "source"]
     small = "-S train.epochs=1 -S train.progressive_epochs=0 -S train.batch_size=32 -S train.compile=false"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "FT_WORK": str(work), "FT_VARIANTS": " ".join(variants), "FT_FAST_EXTRA": small,
+    env = {"FT_WORK": str(work), "FT_VARIANTS": " ".join(variants), "FT_FAST_EXTRA": small,
            "FT_TARGETS": " ".join(f"evaluate@{v}" for v in variants)}
-    return subprocess.run(["bash", str(repo / "scripts" / "gpu_repro.sh"), "synthetic", str(out), str(seconds), *args,
-                           *overrides], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    return run(["bash", str(repo / "scripts" / "gpu_repro.sh"), "synthetic", str(out), str(seconds), *args, *overrides],
+               repo, timeout=timeout, check=False, env=env)
 
 
 @pytest.mark.slow
