@@ -4,6 +4,8 @@ For each case (batch size, precision, compiled or not) it times the real trainin
   - the classic torchvision loader with 0 workers and with `data.workers` workers,
   - the gpu loader (uint8 set on the device, batched by index),
   - the compute ceiling: the same step on one random batch already on the device,
+  - on a GPU, the gpu loader and the ceiling again with the step replayed from CUDA graphs
+    (train.cuda_graphs), so the host's kernel launches and the GPU's own time are told apart,
 and, once, a bf16 matrix product for the device's peak. Model FLOP utilisation is the step's
 counted FLOPs per image x images/s over that peak.
 """
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fasttrain import atomic, batch_kernel, config, parallel
+from fasttrain import atomic, batch_kernel, config, graphs, parallel
 from fasttrain.data import load_dataset
 from fasttrain.engine import (StepLog, build_trainable, input_channels, input_dtype, random_batch, synchronize,
                               train_step, warm_up)
@@ -115,10 +117,11 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     params = dataclasses.replace(params, train=train)
     cfg, precision = params.train, PRECISIONS[case.precision]
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    t = build_trainable(params, precision, rt, len(dataset.classes))
+    graphed = graphs.unavailable_reason(params, rt) is None  # the graphed paths, where graphs can run
+    t = build_trainable(params, precision, rt, len(dataset.classes), graphs=graphed)
     steps = StepLog(1024, rt.device, t.scaler)
 
-    def step(x, y):  # exactly what the training loop does per step
+    def step(x, y):  # exactly what the training loop does per step, eagerly
         loss, grad_norm = train_step(t, precision, x, y)
         steps.record(loss, y.shape[0], grad_norm)
 
@@ -129,6 +132,15 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
     compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
                               cfg.channels_last, rt.device, dtype, channels)
+    capture_seconds = None
+    if graphed:  # the same step replayed from CUDA graphs, as train.cuda_graphs runs it
+        graph_step = graphs.GraphedStep(t, precision, rt)
+        capture_seconds = graph_step.capture([(case.batch_size, cfg.img_size), (last, cfg.img_size)],
+                                             len(dataset.classes), cfg.channels_last, dtype, channels)
+
+        def step_graphed(x, y):
+            loss, grad_norm = graph_step(x, y)
+            steps.record(loss, y.shape[0], grad_norm)
 
     def loader(kind: str, workers: int):
         gpu = kind == "gpu"  # the torchvision loader stays float32 with 3 channels
@@ -137,22 +149,25 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
                                  seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
                                  channels_last=cfg.channels_last, dtype=dtype, channels=channels if gpu else 3)
 
-    paths = {
-        "torchvision_workers_0": lambda: _endless(loader("torchvision", 0)),
-        f"torchvision_workers_{params.data.workers}": lambda: _endless(loader("torchvision", params.data.workers)),
-        "gpu_loader": lambda: _endless(loader("gpu", 0)),
-        "compute_ceiling": lambda: iter(lambda: (x0, y0), None),
+    paths = {  # name: (the step, its batches)
+        "torchvision_workers_0": (step, lambda: _endless(loader("torchvision", 0))),
+        f"torchvision_workers_{params.data.workers}": (step, lambda: _endless(loader("torchvision", params.data.workers))),
+        "gpu_loader": (step, lambda: _endless(loader("gpu", 0))),
+        "compute_ceiling": (step, lambda: iter(lambda: (x0, y0), None)),
     }
+    if graphed:
+        paths["gpu_loader_graphed"] = (step_graphed, paths["gpu_loader"][1])
+        paths["compute_ceiling_graphed"] = (step_graphed, paths["compute_ceiling"][1])
     if only is not None:
-        paths = {name: make for name, make in paths.items() if name in only}
+        paths = {name: path for name, path in paths.items() if name in only}
     # Paths take turns, `rounds` times, and each reports its median: at small batches the step is
     # bound by kernel launches, whose cost drifts by 10-20% over a minute on a shared host, so
     # timing one path after the other would compare the drift rather than the paths.
     runs: dict[str, list[dict]] = {name: [] for name in paths}
     for _ in range(rounds):
-        for name, make in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
+        for name, (path_step, make) in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
             batches = make()
-            runs[name].append(time_steps(step, batches, warmup_steps, min_steps, min_seconds, rt.device))
+            runs[name].append(time_steps(path_step, batches, warmup_steps, min_steps, min_seconds, rt.device))
             if hasattr(batches, "close"):
                 batches.close()  # stops the DataLoader's workers before the next path is timed
     results = {}
@@ -166,12 +181,18 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
            "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels, "compile_seconds": round(compile_seconds, 3),
+           "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
            "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
            "paths": results}
     if only is None:
         gpu = results["gpu_loader"]["images_per_second"]
         row["gpu_loader_over_torchvision_workers_0"] = round(gpu / results["torchvision_workers_0"]["images_per_second"], 2)
         row["gpu_loader_over_compute_ceiling"] = round(gpu / results["compute_ceiling"]["images_per_second"], 3)
+        if graphed:
+            graphed_gpu = results["gpu_loader_graphed"]["images_per_second"]
+            row["gpu_loader_graphed_over_eager"] = round(graphed_gpu / gpu, 3)
+            row["gpu_loader_graphed_over_compute_ceiling_graphed"] = round(
+                graphed_gpu / results["compute_ceiling_graphed"]["images_per_second"], 3)
     return row
 
 
@@ -224,6 +245,10 @@ def to_markdown(result: dict) -> str:
             lines.append(f"| {name} | {path} | {r['images_per_second']:,.0f} | {100 * r['model_flop_utilisation']:.1f}% |")
         lines.append(f"| {name} | gpu loader / torchvision (0 workers) | {case['gpu_loader_over_torchvision_workers_0']:.1f}x | |")
         lines.append(f"| {name} | gpu loader / compute ceiling | {100 * case['gpu_loader_over_compute_ceiling']:.1f}% | |")
+        if "gpu_loader_graphed_over_eager" in case:
+            lines.append(f"| {name} | gpu loader, graphed / eager | {case['gpu_loader_graphed_over_eager']:.2f}x | |")
+            lines.append(f"| {name} | gpu loader, graphed / compute ceiling, graphed | "
+                         f"{100 * case['gpu_loader_graphed_over_compute_ceiling_graphed']:.1f}% | |")
     return "\n".join(lines) + "\n"
 
 

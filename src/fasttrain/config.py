@@ -21,9 +21,9 @@ from fasttrain.errors import FasttrainError
 LOADERS = ("gpu", "torchvision")
 SCHEDULERS = ("plateau", "onecycle", "none")
 DEVICES = ("auto", "cpu", "cuda")
-# torch.compile's CUDA-graph modes (reduce-overhead, max-autotune) are left out: their graphs reuse
-# output memory across steps, and the training step failed under them on the H200 ("accessing
-# tensor output of CUDAGraphs that has been overwritten by a subsequent run").
+# torch.compile's CUDA-graph modes (reduce-overhead, max-autotune) are left out: train.cuda_graphs
+# records the whole step, optimizer and GradScaler included, in graphs of its own (graphs.py), and
+# compile's graphs would sit inside them.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
@@ -66,6 +66,8 @@ class TrainConfig:
     device: str = "auto"  # auto: first GPU if any, else CPU
     channels_last: bool = True
     pad_channels: bool = False  # gpu loader: training batches padded to 8 channels (zeros) for cuDNN
+    cuda_graphs: bool = True  # replay the whole step from CUDA graphs (GPU; dp and the CPU run eagerly); capture time reported apart
+    deterministic: bool = False  # bit-identical weights from the same params on one device (deterministic kernels)
     compile: bool = False  # torch.compile; its time is reported apart
     compile_mode: str = "default"  # torch.compile mode: default | max-autotune-no-cudagraphs
     label_smoothing: float = 0.0  # cross-entropy label smoothing in training (evaluation loss never smooths)

@@ -3,7 +3,10 @@ times exactly the step that training runs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +29,11 @@ class Trainable:
     grad_clip: float | None = None  # the largest L2 norm of all gradients together (None: no clipping)
 
 
-def build_trainable(params: config.Params, precision: Precision, rt: parallel.Runtime, num_classes: int) -> Trainable:
+def build_trainable(params: config.Params, precision: Precision, rt: parallel.Runtime, num_classes: int,
+                    graphs: bool = False) -> Trainable:
+    """The model, wrapped for the variant, its AdamW and GradScaler. With `graphs` (the step will be
+    replayed from CUDA graphs) the optimizer is capturable and its lr a device tensor, so a
+    scheduler's changes reach the recorded kernels."""
     cfg = params.train
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
     model = build_model(params.model.name, num_classes).to(rt.device)
@@ -40,8 +47,9 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
         # Static shapes: the last short batch of an epoch gets a graph of its own (compiled in
         # warm_up) instead of a slower dynamic-shape graph recompiled in the middle of training.
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
-    optimizer = torch.optim.AdamW(raw.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
-                                  weight_decay=cfg.weight_decay, fused=cfg.fused_adamw and rt.device.type == "cuda")
+    lr = torch.tensor(cfg.lr, device=rt.device) if graphs else cfg.lr
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+                                  fused=cfg.fused_adamw and rt.device.type == "cuda", capturable=graphs)
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip)
 
 
@@ -79,11 +87,20 @@ class StepLog:
         self.start_scale = scaler.get_scale() if scaler.is_enabled() else None  # one sync per epoch
         self.steps = 0
         self.batch_sizes: list[int] = []  # host ints: images per step
+        self.lrs: list[float] | torch.Tensor = []  # the lr each step used: host floats, or a device tensor's copies
 
-    def record(self, loss: torch.Tensor, images: int, grad_norm: torch.Tensor | None = None) -> None:
-        """After a step that took `images` images (and had gradients of norm `grad_norm`)."""
+    def record(self, loss: torch.Tensor, images: int, grad_norm: torch.Tensor | None = None,
+               lr: float | torch.Tensor | None = None) -> None:
+        """After a step that took `images` images (and had gradients of norm `grad_norm`, and used
+        learning rate `lr`: a float, or the device tensor that CUDA-graphed steps read)."""
         i = self.steps % len(self.losses)  # wraps around in the benchmark, which runs on and on
         self.losses[i:i + 1].copy_(loss)
+        if isinstance(lr, torch.Tensor):
+            if not isinstance(self.lrs, torch.Tensor):
+                self.lrs = torch.zeros_like(self.losses)
+            self.lrs[i:i + 1].copy_(lr)
+        elif lr is not None and self.steps < len(self.losses):
+            self.lrs.append(lr)
         if grad_norm is not None:
             if self.grad_norms is None:
                 self.grad_norms = torch.zeros_like(self.losses)
@@ -115,7 +132,47 @@ class StepLog:
                 "skipped_steps": skipped, "losses": losses.tolist(),
                 "scales": None if scales is None else scales.tolist(),
                 "grad_norms": None if norms is None else norms.tolist(),
+                "lrs": self.lrs[:n].tolist() if isinstance(self.lrs, torch.Tensor) else list(self.lrs),
                 "grad_norm_max": float(finite_norms.max()) if finite_norms is not None and finite_norms.numel() else None}
+
+
+def set_deterministic(on: bool, rt: parallel.Runtime) -> None:
+    """train.deterministic: the same params give bit-identical weights on one device, run after run.
+
+    cuDNN and cuBLAS pick deterministic algorithms (cuBLAS needs its workspace config set before
+    its first handle, so this runs before any training work), and torch's deterministic mode swaps
+    in deterministic kernels where it has them. Where it has none it warns instead of failing:
+    AlexNet's AdaptiveAvgPool2d backward adds with atomics, but at 227 px its 6x6 input maps 1:1
+    onto its 6x6 output, so each input gets one addition onto zero and the order cannot matter.
+    fasttrain's own loader kernel writes each output once and adds nothing with atomics. What torch
+    warned about is recorded in the run's warnings.
+    """
+    if not on:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    if torch.backends.cudnn.benchmark:
+        torch.backends.cudnn.benchmark = False
+        rt.warnings.append("train.cudnn_benchmark off: train.deterministic needs cuDNN's deterministic algorithms")
+
+
+@contextlib.contextmanager
+def nondeterministic_ops_recorded(rt: parallel.Runtime):
+    """Records, in the run's warnings, each op torch's deterministic mode had no deterministic
+    kernel for while the block ran."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        text = str(w.message)
+        if "does not have a deterministic implementation" in text:
+            op = text.split(" does not")[0].strip()
+            note = f"train.deterministic: torch has no deterministic kernel for {op}"
+            if note not in rt.warnings:
+                rt.warnings.append(note)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def synchronize(device: torch.device) -> None:

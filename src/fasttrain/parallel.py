@@ -205,9 +205,16 @@ def prepare_model(model: nn.Module, rt: Runtime, sync_bn: bool) -> nn.Module:
 
 
 def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
+    if rt.parallel == "ddp" and rt.device.type == "cuda":
+        # built on a side stream, as a whole-step CUDA-graph capture needs (torch's CUDA-graph notes)
+        side = torch.cuda.Stream(rt.device)
+        side.wait_stream(torch.cuda.current_stream(rt.device))
+        with torch.cuda.stream(side):
+            ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
+        torch.cuda.current_stream(rt.device).wait_stream(side)
+        return ddp
     if rt.parallel == "ddp":
-        ids = [rt.local_rank] if rt.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return nn.parallel.DistributedDataParallel(model)
     if rt.parallel == "dp" and rt.device.type == "cuda":
         return nn.DataParallel(model, device_ids=rt.device_ids)
     return model

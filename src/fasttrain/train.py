@@ -6,27 +6,30 @@ what autocast and the GradScaler do. It never branches on the variant's name.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
 import random
-import shutil
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import click
 import torch
 
-from fasttrain import atomic, checkpoint, config, parallel
-from fasttrain.data import load_dataset
+from fasttrain import atomic, checkpoint, config, graphs, parallel
+from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
-from fasttrain.loaders import make_eval_loader, make_train_loader
-from fasttrain.engine import StepLog, build_trainable, input_channels, input_dtype, synchronize, train_step, warm_up
+from fasttrain.engine import (StepLog, Trainable, build_trainable, input_channels, input_dtype,
+                              nondeterministic_ops_recorded, set_deterministic, synchronize, train_step, warm_up)
+from fasttrain.loaders import Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, first_conv
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
@@ -64,8 +67,8 @@ def resolved_config(params: config.Params, parallel_name: str, precision_name: s
     """What the run depends on: the params that shape training, plus the variant and the world size."""
     resolved = config.to_dict(params)
     resolved.pop("evaluate")
-    # how a run is watched, restarted or checkpointed, not what it computes
-    for key in ("log_every_steps", "max_restarts", "checkpoint_every"):
+    # how a run is watched, restarted, checkpointed or launched, not what it computes
+    for key in ("log_every_steps", "max_restarts", "checkpoint_every", "cuda_graphs"):
         resolved["train"].pop(key)
     resolved["variant"] = {"parallel": parallel_name, "precision": precision_name, "world_size": world_size}
     return resolved
@@ -122,6 +125,7 @@ class EpochRecord:
     images: int
     img_size: int | None = None  # the training resolution (None in checkpoints from before progressive resizing)
     max_grad_norm: float | None = None  # the largest gradient norm of the epoch's steps, before clipping (grad_clip only)
+    eval_seconds: float | None = None  # the test-set evaluation after the epoch (outside `seconds`)
 
     @property
     def images_per_second(self) -> float:
@@ -171,175 +175,264 @@ def checkpoint_to_resume(path: Path, digest: str, rt: parallel.Runtime, explicit
     return ckpt
 
 
+@dataclass
+class _Run:
+    """One variant's training run: what the loop's named steps share."""
+    params: config.Params
+    precision: Precision
+    rt: parallel.Runtime
+    layout: Layout
+    log: Callable[[str], None]
+    dataset: Dataset
+    t: Trainable
+    train_loader: Loader
+    test_loader: Loader
+    scheduler: object | None
+    resolved: dict
+    digest: str
+    ckpt_path: Path
+    step: Callable  # (x, y) -> (loss, grad norm) as device tensors: train_step, or its CUDA graphs
+    state: TrainState = field(default_factory=TrainState)
+    writer: object | None = None  # TensorBoard's SummaryWriter, main process only
+    saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
+    setup_seconds: dict = field(default_factory=dict)  # compile and capture, reported apart
+
+    @property
+    def cfg(self) -> config.TrainConfig:
+        return self.params.train
+
+    @property
+    def variant(self) -> str:
+        return f"{self.rt.parallel}-{self.precision.name}"
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.cfg.batch_size // self.rt.world_size
+
+
 def train(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout,
           log=lambda msg: print(msg, file=sys.stderr, flush=True), resume: Path | None = None) -> dict:
     """Train one variant; writes checkpoints, the final model, TensorBoard logs, the per-epoch table
     and the metrics (rank 0 only). Resumes from `resume`, or else from the variant's unfinished
     last checkpoint. Returns the metrics."""
-    cfg, variant = params.train, f"{rt.parallel}-{precision.name}"
-    if not rt.is_main:
-        log = lambda msg: None  # noqa: E731 (one run, one log)
     wall_start = time.perf_counter()
+    run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume)
+    progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
+    with nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext():
+        _warm_up(run)  # compile and CUDA-graph capture, outside the timed epochs
+        for epoch in range(run.state.epoch, run.cfg.epochs):
+            steps, seconds = _train_epoch(run, epoch, progress)
+            record = _end_epoch(run, epoch, steps, seconds)
+            _log_epoch(run, record)
+            if run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
+                _save_checkpoint(run)
+    return _finish(run, wall_start)
+
+
+def _prepare(params, precision, rt, layout, log, resume) -> _Run:
+    """Data, model, optimizer, loaders and scheduler; the checkpoint resumed, if any."""
+    cfg = params.train
     dataset = load_dataset(layout.dataset)
     resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size)
-    digest = config.config_hash(resolved)
-    dev = rt.device.type
     torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
+    set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
+    no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
+    if no_graphs not in (None, "off"):
+        log(no_graphs)
+        rt.warnings.append(no_graphs)
 
     random.seed(cfg.seed)
-    trainable = build_trainable(params, precision, rt, len(dataset.classes))
-    raw, net, optimizer, scaler = trainable.raw, trainable.net, trainable.optimizer, trainable.scaler
+    t = build_trainable(params, precision, rt, len(dataset.classes), graphs=no_graphs is None)
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
     per_rank_batch = cfg.batch_size // rt.world_size
-    dtype = input_dtype(params, precision)
-    channels = input_channels(params)  # of the training batches (pad_channels)
     loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
-                       workers=params.data.workers, pin_memory=params.data.pin_memory and dev == "cuda",
-                       channels_last=cfg.channels_last, dtype=dtype)
+                       workers=params.data.workers, pin_memory=params.data.pin_memory and rt.device.type == "cuda",
+                       channels_last=cfg.channels_last, dtype=input_dtype(params, precision))
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
-                                     channels=channels, **loader_args)
+                                     channels=input_channels(params), **loader_args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
-    scheduler = make_scheduler(cfg, optimizer, len(train_loader))
-
-    state = TrainState()
-    ckpt_path = layout.checkpoint_dir(variant) / "last.pt"
-    resume_from = resume or ckpt_path
-    ckpt = checkpoint_to_resume(resume_from, digest, rt, explicit=resume is not None)
-    if ckpt is not None:
-        raw.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
-        if scheduler is not None:
-            scheduler.load_state_dict(ckpt["scheduler"])
-        state = _state_from_dict(ckpt["state"])
-        set_rng_state(ckpt["rng"][rt.rank])
-        log(f"{variant}: resuming from {resume_from} after epoch {state.epoch}")
-    saved_epoch = state.epoch  # the epoch the newest checkpoint of this run holds (0: none yet)
-
-    writer = None
+    step = (graphs.GraphedStep(t, precision, rt) if no_graphs is None
+            else lambda x, y: train_step(t, precision, x, y))
+    run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
+               make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, config.config_hash(resolved),
+               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}") / "last.pt", step)
+    _resume(run, resume)
     if rt.is_main:
         from torch.utils.tensorboard import SummaryWriter
 
-        if state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
-            shutil.rmtree(layout.tensorboard(variant), ignore_errors=True)
-        writer = SummaryWriter(str(layout.tensorboard(variant)), purge_step=state.global_step or None)
+        if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
+            shutil.rmtree(layout.tensorboard(run.variant), ignore_errors=True)
+        run.writer = SummaryWriter(str(layout.tensorboard(run.variant)), purge_step=run.state.global_step or None)
+    return run
 
-    compile_seconds = None
-    if cfg.compile:  # compile outside the timed epochs, so the first epoch times training alone
-        shapes = [per_rank_batch, train_loader.num_samples % per_rank_batch]
-        compile_seconds = sum(warm_up(trainable, precision, shapes, size, len(dataset.classes),
-                                      cfg.channels_last, rt.device, dtype, channels) for size in train_sizes(cfg))
-        log(f"{variant}: compiled in {compile_seconds:.1f} s")
 
-    progress = Progress(variant, cfg.epochs, len(train_loader), enabled=rt.is_main)
-    for epoch in range(state.epoch, cfg.epochs):
-        train_loader.set_epoch(epoch)
-        size = train_size(cfg, epoch)
-        if cfg.progressive_epochs:  # (the gpu loader: check_train)
-            train_loader.set_img_size(size)
-        net.train()
-        steps = StepLog(len(train_loader), rt.device, scaler)
-        lrs = []
-        progress.start_epoch(epoch)
-        synchronize(rt.device)
-        start = time.perf_counter()
-        for step, (x, y) in enumerate(train_loader):
-            parallel.inject_fault(rt, epoch + 1, step + 1)
-            loss, grad_norm = train_step(trainable, precision, x, y)
-            steps.record(loss, y.shape[0], grad_norm)  # on the device: a .item() per step would stall the GPU queue
-            if writer is not None:  # the lr each step used, for its TensorBoard scalar
-                lrs.append(optimizer.param_groups[0]["lr"])
-            if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
-                scheduler.step()
-            progress.step(y.shape[0] * rt.world_size, loss)  # reads the loss only when a refresh is due
-        synchronize(rt.device)
-        seconds = time.perf_counter() - start
-        progress.end_epoch()
+def _resume(run: _Run, resume: Path | None) -> None:
+    resume_from = resume or run.ckpt_path
+    ckpt = checkpoint_to_resume(resume_from, run.digest, run.rt, explicit=resume is not None)
+    if ckpt is None:
+        return
+    t = run.t
+    t.raw.load_state_dict(ckpt["model"])
+    lr_tensor = isinstance(t.optimizer.param_groups[0]["lr"], torch.Tensor)
+    t.optimizer.load_state_dict(ckpt["optimizer"])
+    for group in t.optimizer.param_groups:  # graphed steps read the lr from a device tensor, eager ones a float
+        group["lr"] = (torch.tensor(float(group["lr"]), device=run.rt.device) if lr_tensor
+                       else float(group["lr"]))
+    t.scaler.load_state_dict(ckpt["scaler"])
+    if run.scheduler is not None:
+        run.scheduler.load_state_dict(ckpt["scheduler"])
+    run.state = _state_from_dict(ckpt["state"])
+    run.saved_epoch = run.state.epoch
+    set_rng_state(ckpt["rng"][run.rt.rank])
+    run.log(f"{run.variant}: resuming from {resume_from} after epoch {run.state.epoch}")
 
-        summary = steps.summary()
-        totals = torch.tensor([summary["loss_sum"], summary["images"], summary["bad_steps"],
-                               summary["skipped_steps"]], dtype=torch.float64, device=rt.device)
-        parallel.all_reduce(totals, rt)
-        seconds_t = parallel.all_reduce(torch.tensor([seconds], device=rt.device), rt, op="max")
-        seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
-        if bad and not (scaler.is_enabled() and bad <= skip):
-            # the earliest bad step over all ranks (every rank gets here: `bad` is summed over them)
-            mine = summary["first_bad_step"]
-            earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
-                                    dtype=torch.int64, device=rt.device)
-            step_no = 1 - int(parallel.all_reduce(earliest, rt, op="max"))
-            kept = (f"the last good checkpoint is {ckpt_path} (epoch {saved_epoch})" if saved_epoch
-                    else "no checkpoint of this run was written yet")
-            raise FasttrainError(f"{variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
-                                 f"({bad} step(s)); {kept}")
-        if writer is not None:  # per-step scalars, written from the epoch's log: no sync inside the epoch
-            first = state.global_step
-            for i, loss_value in enumerate(summary["losses"]):
-                global_step = first + i + 1
-                if global_step % cfg.log_every_steps == 0:
-                    writer.add_scalar("train/loss", loss_value, global_step)
-                    writer.add_scalar("train/lr", lrs[i], global_step)
-                    if summary["scales"] is not None:
-                        writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
-                    if summary["grad_norms"] is not None:
-                        writer.add_scalar("train/grad_norm", summary["grad_norms"][i], global_step)
-        state.global_step += steps.steps
-        epoch_loss = float(totals[0]) / max(1, seen - bad * per_rank_batch)
-        state.skipped_steps += skip
 
-        accuracy = evaluate_model(net, test_loader, precision, rt, len(dataset.classes),
-                                  params.evaluate.flip_tta).accuracy
-        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(epoch_loss)
-        record = EpochRecord(epoch + 1, float(seconds_t[0]), epoch_loss, accuracy,
-                             optimizer.param_groups[0]["lr"], seen, size, summary["grad_norm_max"])
-        state.history.append(record)
-        state.epoch = epoch + 1
-        at = f" at {size} px" if cfg.progressive_epochs else ""
-        norm = "" if record.max_grad_norm is None else f"  max grad norm {record.max_grad_norm:.3g}"
-        log(f"{variant}: epoch {record.epoch}/{cfg.epochs}{at}  loss {epoch_loss:.4f}  "
-            f"test acc {accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s{norm}")
-        if writer is not None:
-            writer.add_scalar("epoch/train_loss", epoch_loss, record.epoch)
-            writer.add_scalar("epoch/test_accuracy", accuracy, record.epoch)
-            writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
-            writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
-        if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs:
-            _save_checkpoint(ckpt_path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt)
-            saved_epoch = state.epoch
+def _warm_up(run: _Run) -> None:
+    """Compile (train.compile) and capture the CUDA graphs (train.cuda_graphs) for every batch shape
+    training will meet: the full and the short last batch, at each training resolution."""
+    cfg, t, dataset = run.cfg, run.t, run.dataset
+    last = run.train_loader.num_samples % run.per_rank_batch
+    shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
+                  input_dtype(run.params, run.precision), input_channels(run.params))
+    if cfg.compile:
+        run.setup_seconds["compile"] = sum(warm_up(t, run.precision, [run.per_rank_batch, last], size, *shape_args)
+                                           for size in train_sizes(cfg))
+        run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s")
+    if isinstance(run.step, graphs.GraphedStep):
+        shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
+        num_classes, channels_last, _, dtype, channels = shape_args
+        run.setup_seconds["capture"] = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
+        run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
+                f"in {run.setup_seconds['capture']:.1f} s")
 
+
+def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
+    """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
+    loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
+    loader.set_epoch(epoch)
+    if run.cfg.progressive_epochs:  # (the gpu loader: check_train)
+        loader.set_img_size(train_size(run.cfg, epoch))
+    run.t.net.train()
+    steps = StepLog(len(loader), rt.device, run.t.scaler)
+    progress.start_epoch(epoch)
+    synchronize(rt.device)
+    start = time.perf_counter()
+    for step, (x, y) in enumerate(loader):
+        parallel.inject_fault(rt, epoch + 1, step + 1)
+        loss, grad_norm = run.step(x, y)
+        # copied on the device at once: a .item() per step would stall the GPU queue, and a graph's
+        # next replay overwrites its loss; the lr each step used goes to TensorBoard
+        steps.record(loss, y.shape[0], grad_norm, optimizer.param_groups[0]["lr"] if run.writer else None)
+        if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
+            scheduler.step()
+        progress.step(y.shape[0] * rt.world_size, loss)  # read at once, and only when a refresh is due
+    synchronize(rt.device)
+    seconds = time.perf_counter() - start
+    progress.end_epoch()
+    return steps, seconds
+
+
+def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRecord:
+    """Sums over ranks, the non-finite check, the per-step scalars, evaluation and the plateau
+    schedule: everything an epoch ends with, after its timed steps."""
+    rt, state = run.rt, run.state
+    summary = steps.summary()
+    totals = torch.tensor([summary["loss_sum"], summary["images"], summary["bad_steps"],
+                           summary["skipped_steps"]], dtype=torch.float64, device=rt.device)
+    parallel.all_reduce(totals, rt)
+    seconds = float(parallel.all_reduce(torch.tensor([seconds], device=rt.device), rt, op="max")[0])
+    seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
+    if bad and not (run.t.scaler.is_enabled() and bad <= skip):
+        _raise_non_finite(run, epoch, summary, bad)
+    _write_step_scalars(run, summary)
+    state.global_step += steps.steps
+    state.skipped_steps += skip
+    epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
+    eval_start = time.perf_counter()
+    accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
+                              run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
+    eval_seconds = time.perf_counter() - eval_start
+    if isinstance(run.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        run.scheduler.step(epoch_loss)
+    record = EpochRecord(epoch + 1, seconds, epoch_loss, accuracy, float(run.t.optimizer.param_groups[0]["lr"]),
+                         seen, train_size(run.cfg, epoch), summary["grad_norm_max"], eval_seconds)
+    state.history.append(record)
+    state.epoch = epoch + 1
+    return record
+
+
+def _raise_non_finite(run: _Run, epoch: int, summary: dict, bad: int) -> None:
+    """The earliest bad step over all ranks (every rank gets here: `bad` is summed over them)."""
+    mine = summary["first_bad_step"]
+    earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
+                            dtype=torch.int64, device=run.rt.device)
+    step_no = 1 - int(parallel.all_reduce(earliest, run.rt, op="max"))
+    kept = (f"the last good checkpoint is {run.ckpt_path} (epoch {run.saved_epoch})" if run.saved_epoch
+            else "no checkpoint of this run was written yet")
+    raise FasttrainError(f"{run.variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
+                         f"({bad} step(s)); {kept}")
+
+
+def _write_step_scalars(run: _Run, summary: dict) -> None:
+    """Per-step TensorBoard scalars, from the epoch's log: no sync inside the epoch."""
+    if run.writer is None:
+        return
+    first, every = run.state.global_step, run.cfg.log_every_steps
+    for i, loss_value in enumerate(summary["losses"]):
+        global_step = first + i + 1
+        if global_step % every == 0:
+            run.writer.add_scalar("train/loss", loss_value, global_step)
+            run.writer.add_scalar("train/lr", summary["lrs"][i], global_step)
+            if summary["scales"] is not None:
+                run.writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
+            if summary["grad_norms"] is not None:
+                run.writer.add_scalar("train/grad_norm", summary["grad_norms"][i], global_step)
+
+
+def _log_epoch(run: _Run, record: EpochRecord) -> None:
+    at = f" at {record.img_size} px" if run.cfg.progressive_epochs else ""
+    norm = "" if record.max_grad_norm is None else f"  max grad norm {record.max_grad_norm:.3g}"
+    run.log(f"{run.variant}: epoch {record.epoch}/{run.cfg.epochs}{at}  loss {record.train_loss:.4f}  "
+            f"test acc {record.test_accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s{norm}")
+    if run.writer is not None:
+        run.writer.add_scalar("epoch/train_loss", record.train_loss, record.epoch)
+        run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
+        run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
+        run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+
+
+def _finish(run: _Run, wall_start: float) -> dict:
+    """The final model, the per-epoch table, the metrics and the TensorBoard hparams (main process)."""
+    rt, cfg = run.rt, run.cfg
     peak, peak_kind = peak_memory_mb(rt)
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
-    metrics = _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler,
-                       time.perf_counter() - wall_start)
-    metrics["compile_seconds"] = None if compile_seconds is None else round(compile_seconds, 3)
+    metrics = _metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
     if rt.is_main:
-        checkpoint.save({"model": raw.state_dict(), "config": resolved, "classes": dataset.classes,
-                         "variant": variant}, layout.model(variant))
-        atomic.atomic_write_text(layout.train_plot(variant), _history_csv(state.history))
-        atomic.atomic_write_json(layout.train_metrics(variant), metrics)
-        writer.add_hparams({"parallel": rt.parallel, "precision": precision.name, "model": params.model.name,
-                            "batch_size": cfg.batch_size, "lr": cfg.lr, "epochs": cfg.epochs,
-                            "img_size": cfg.img_size, "loader": params.data.loader,
-                            "world_size": rt.world_size, "device": rt.device_name, "seed": cfg.seed,
-                            "scheduler": cfg.scheduler, "channels_last": cfg.channels_last, "pad_channels": cfg.pad_channels,
-                            "compile": cfg.compile,
-                            "progressive_epochs": cfg.progressive_epochs, "progressive_size": cfg.progressive_size,
-                            "adam_beta2": cfg.adam_beta2, "grad_clip": cfg.grad_clip or 0.0},
-                           {"hparam/images_per_second": metrics["images_per_second"],
-                            "hparam/epoch_seconds": metrics["epoch_seconds"],
-                            "hparam/peak_memory_mb": metrics["peak_memory_mb"],
-                            "hparam/final_train_loss": metrics["final_train_loss"],
-                            "hparam/final_test_accuracy": metrics["final_test_accuracy"]},
-                           run_name=".")  # "." keeps the hparams in the variant's own run folder
-        writer.close()
+        checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved, "classes": run.dataset.classes,
+                         "variant": run.variant}, run.layout.model(run.variant))
+        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history))
+        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics)
+        hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
+                   "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
+                   **{k: v for k, v in config.to_dict(run.params)["train"].items() if k in HPARAM_KEYS},
+                   "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
+        run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
+                               run_name=".")  # "." keeps the hparams in the variant's own run folder
+        run.writer.close()
     parallel.barrier(rt)
     return metrics
 
 
-def _save_checkpoint(path, raw, optimizer, scheduler, scaler, state, resolved, digest, rt) -> None:
+# train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
+HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
+               "compile", "progressive_epochs", "progressive_size", "adam_beta2", "deterministic")
+HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
+
+
+def _save_checkpoint(run: _Run) -> None:
+    rt, t = run.rt, run.t
     rngs = [None] * rt.world_size
     if rt.distributed:
         torch.distributed.all_gather_object(rngs, rng_state())
@@ -347,11 +440,12 @@ def _save_checkpoint(path, raw, optimizer, scheduler, scaler, state, resolved, d
         rngs = [rng_state()]
     if rt.is_main:
         checkpoint.save({
-            "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "scaler": scaler.state_dict(), "state": _state_to_dict(state), "rng": rngs,
-            "config": resolved, "config_hash": digest,
-        }, path)
+            "model": t.raw.state_dict(), "optimizer": t.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+            "scaler": t.scaler.state_dict(), "state": _state_to_dict(run.state), "rng": rngs,
+            "config": run.resolved, "config_hash": run.digest,
+        }, run.ckpt_path)
+    run.saved_epoch = run.state.epoch
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
 
 
@@ -370,15 +464,16 @@ def _history_csv(history: list[EpochRecord]) -> str:
     return out.getvalue()
 
 
-def _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler, wall_seconds) -> dict:
-    h = state.history
-    # the first epoch carries warm-up (cudnn autotune, compile, caches); under progressive resizing
-    # the steady rate is the one at img_size, the resolution the run is about
+def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
+    h, cfg, rt, scaler = run.state.history, run.cfg, run.rt, run.t.scaler
+    # the first epoch carries warm-up (cudnn autotune, caches); under progressive resizing the steady
+    # rate is the one at img_size, the resolution the run is about
     steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
     steady_seconds = sum(r.seconds for r in steady) / len(steady)
     steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
+    setup = {k: round(v, 3) for k, v in run.setup_seconds.items()}
     return {
-        "variant": variant, "parallel": rt.parallel, "precision": precision.name,
+        "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
         "epochs": len(h),
         "train_seconds": round(sum(r.seconds for r in h), 3),
         "wall_seconds": round(wall_seconds, 3),
@@ -386,17 +481,21 @@ def _metrics(state, cfg, rt, precision, variant, peak, peak_kind, scaler, wall_s
         "epoch_seconds": round(steady_seconds, 3),
         "epoch_seconds_each": [round(r.seconds, 3) for r in h],
         "images_per_second": round(steady_ips, 1),
+        "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
+        "compile_seconds": setup.get("compile"),  # outside the timed epochs, like the capture
+        "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
+        "capture_seconds": setup.get("capture"),
+        "deterministic": cfg.deterministic,
         "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
         "final_train_loss": round(h[-1].train_loss, 6),
         "final_test_accuracy": h[-1].test_accuracy,
-        "grad_scaler_skipped_steps": state.skipped_steps,
+        "grad_scaler_skipped_steps": run.state.skipped_steps,
         "grad_scaler_final_scale": scaler.get_scale() if scaler.is_enabled() else None,
         "device": rt.device_name, "device_count": rt.replicas,
         "torch_version": torch.__version__, "world_size": rt.world_size,
         "batch_size": cfg.batch_size, "seed": cfg.seed,
         "warnings": rt.warnings,
     }
-
 
 
 @click.command("train")

@@ -1,0 +1,130 @@
+"""The whole training step (forward, backward, GradScaler, AdamW) replayed from CUDA graphs.
+
+At small batches an eager step is bound by the host: Python launches about a hundred kernels, each
+a few microseconds of GPU work, so the GPU waits on the launcher and the step time measures the
+CPU. A CUDA graph launches the recorded kernels in one call, and the step time becomes the GPU's.
+
+One graph per batch shape (the full batch and an epoch's short last one, at each training
+resolution), captured up front by `GraphedStep.capture` and sharing one memory pool. What a graph
+reads each replay must live at fixed addresses: the batch is copied into the graph's own input
+tensors, the learning rate is a device tensor the scheduler fills in place, and GradScaler's scale
+and AdamW's step counts already live on the device (the fused AdamW takes GradScaler's found-inf
+flag on the device, so amp's skipped steps need no host sync). A graph's outputs (loss, gradient
+norm) are overwritten by the next replay of any graph in the pool: the caller copies them first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fasttrain import config, parallel
+from fasttrain.engine import Trainable, random_batch, train_step
+from fasttrain.precision import Precision
+
+# Eager steps before a capture: cuDNN's autotuning, lazy state (AdamW's moments, GradScaler's scale)
+# and DDP's bucket rebuild after its first iteration all happen outside the graph. DDP needs at
+# least 11 of them before a whole-network capture (torch's CUDA-graph notes).
+WARMUP_STEPS = 3
+WARMUP_STEPS_DDP = 11
+
+
+def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | None:
+    """Why this run cannot replay its step from CUDA graphs under train.cuda_graphs (None: it can)."""
+    if rt.device.type != "cuda":
+        return "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
+    if rt.parallel == "dp":
+        return ("train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in threads it starts "
+                "every step, which a graph cannot record")
+    if not params.train.fused_adamw:
+        return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
+                "GradScaler reads its found-inf flag on the host every step")
+    return None
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    x: torch.Tensor  # the inputs every replay reads: the batch is copied in
+    y: torch.Tensor
+    loss: torch.Tensor  # the outputs every replay writes
+    grad_norm: torch.Tensor | None
+
+
+class GraphedStep:
+    """`step(x, y)` for train_step's (loss, grad norm), from the graph captured for x's shape."""
+
+    def __init__(self, t: Trainable, precision: Precision, rt: parallel.Runtime):
+        self.t, self.precision, self.rt = t, precision, rt
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(rt.device)  # warm-up and capture share it (cuBLAS handles are per stream)
+        self.graphs: dict[tuple, _Graph] = {}
+
+    def capture(self, shapes: list[tuple[int, int]], num_classes: int, channels_last: bool,
+                dtype: torch.dtype, channels: int) -> float:
+        """Capture one graph per (batch size, image size); the model, optimizer, scaler, buffers and
+        RNG are left as they were, so training is unchanged. Returns the seconds it took."""
+        warmup = WARMUP_STEPS_DDP if self.rt.distributed else WARMUP_STEPS
+        saved = _snapshot(self.t)
+        torch.cuda.synchronize(self.rt.device)
+        start = time.perf_counter()
+        for n, size in dict.fromkeys(s for s in shapes if s[0] > 0):
+            x, y = random_batch(n, size, num_classes, self.rt.device, dtype, channels_last, channels)
+            self.stream.wait_stream(torch.cuda.current_stream(self.rt.device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(warmup):
+                    train_step(self.t, self.precision, x, y)
+            torch.cuda.current_stream(self.rt.device).wait_stream(self.stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                loss, grad_norm = train_step(self.t, self.precision, x, y)
+            self.graphs[tuple(x.shape)] = _Graph(graph, x, y, loss, grad_norm)
+        torch.cuda.synchronize(self.rt.device)
+        seconds = time.perf_counter() - start
+        _restore(self.t, saved)
+        return seconds
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        g = self.graphs.get(tuple(x.shape))
+        if g is None:
+            raise RuntimeError(f"no CUDA graph was captured for a batch of shape {list(x.shape)}; "
+                               f"captured: {[list(s) for s in self.graphs]}")
+        g.x.copy_(x)
+        g.y.copy_(y)
+        g.graph.replay()
+        return g.loss, g.grad_norm
+
+
+def _snapshot(t: Trainable) -> dict:
+    """Host copies of what warm-up steps change, to be put back into the same tensors (the graphs
+    hold their addresses) once the graphs are captured."""
+    opt_state = {p: {k: v.detach().to("cpu", copy=True) for k, v in s.items() if isinstance(v, torch.Tensor)}
+                 for p, s in t.optimizer.state.items()}
+    return {
+        "params": [p.detach().to("cpu", copy=True) for p in t.raw.parameters()],
+        "buffers": [b.detach().to("cpu", copy=True) for b in t.raw.buffers()],
+        "optimizer": opt_state,
+        "scaler": t.scaler.state_dict() if t.scaler.is_enabled() else None,
+        "cpu_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all(),
+    }
+
+
+@torch.no_grad()
+def _restore(t: Trainable, saved: dict) -> None:
+    for p, v in zip(t.raw.parameters(), saved["params"], strict=True):
+        p.copy_(v)
+    for b, v in zip(t.raw.buffers(), saved["buffers"], strict=True):
+        b.copy_(v)
+    for p, state in t.optimizer.state.items():
+        before = saved["optimizer"].get(p)
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):  # AdamW's fresh state is all zeros (moments, step count)
+                v.copy_(before[k]) if before is not None else v.zero_()
+    if saved["scaler"] is not None:  # the tensors it made lazily stay; their values go back
+        t.scaler._scale.fill_(saved["scaler"]["scale"])
+        t.scaler._growth_tracker.fill_(saved["scaler"]["_growth_tracker"])
+    torch.set_rng_state(saved["cpu_rng"])
+    torch.cuda.set_rng_state_all(saved["cuda_rng"])

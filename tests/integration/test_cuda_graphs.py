@@ -1,0 +1,170 @@
+"""train.cuda_graphs and train.deterministic: where graphs run, where they fall back and say so, and
+that a graphed step computes what the eager step computes (GPU-marked tests, on a CUDA machine)."""
+
+import json
+
+import pytest
+import torch
+
+from fasttrain import config, graphs, parallel
+from fasttrain.engine import StepLog, build_trainable, set_deterministic, train_step
+from fasttrain.precision import PRECISIONS
+from scratch import run, set_params
+
+
+
+# --- where graphs cannot run: the reason, in one line -------------------------------------------
+
+@pytest.mark.parametrize("parallel_name, device, fused, expected", [
+    ("single", "cuda", True, None),
+    ("ddp", "cuda", True, None),
+    ("single", "cpu", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("ddp", "cpu", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("dp", "cuda", True, "train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in threads it "
+                         "starts every step, which a graph cannot record"),
+    ("single", "cuda", False, "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW "
+                              "under GradScaler reads its found-inf flag on the host every step"),
+])
+def test_graphs_run_on_a_gpu_for_single_and_ddp_and_say_why_not_elsewhere(parallel_name, device, fused, expected):
+    params = config.from_dict({"train": {"fused_adamw": fused}})
+    rt = parallel.Runtime(parallel_name, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
+    assert graphs.unavailable_reason(params, rt) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_a_cpu_run_goes_eager_and_records_why_only_when_graphs_were_asked_for(tiny_repo, cuda_graphs):
+    set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs, "device": "cpu"}})
+    run(["fasttrain", "download"], tiny_repo)
+    proc = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
+    metrics = json.loads((tiny_repo / "metrics" / "train" / "single-fp32.json").read_text())
+    reason = "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
+    assert metrics["cuda_graphs"] is False and metrics["capture_seconds"] is None
+    assert (reason in metrics["warnings"]) is cuda_graphs
+    assert (reason in proc.stderr.splitlines()) is cuda_graphs
+
+
+# --- train.deterministic ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_deterministic_run_repeats_bit_for_bit(tiny_repo, tmp_path):
+    from fasttrain import checkpoint
+
+    set_params(tiny_repo, {"train": {"deterministic": True, "epochs": 2, "device": "cpu"},
+                           "data": {"augment": True}})
+    run(["fasttrain", "download"], tiny_repo)
+    weights = []
+    for _ in range(2):
+        run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
+        weights.append(checkpoint.load(tiny_repo / "models" / "single-fp32.pt")["model"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    metrics = json.loads((tiny_repo / "metrics" / "train" / "single-fp32.json").read_text())
+    assert metrics["deterministic"] is True
+
+
+def test_deterministic_mode_sets_torch_cudnn_and_cublas(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    rt = parallel.Runtime("single", torch.device("cpu"))
+    try:
+        torch.backends.cudnn.benchmark = True
+        set_deterministic(True, rt)
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.benchmark
+        import os
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert rt.warnings == ["train.cudnn_benchmark off: train.deterministic needs cuDNN's deterministic algorithms"]
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+
+
+# --- on a GPU: a graphed step is the eager step -----------------------------------------------
+
+def _trainable(precision: str, graphed: bool, **train):
+    params = config.from_dict({"model": {"name": "alexnet"},
+                               "train": {"device": "cuda", "lr": 1e-4, "cuda_graphs": True, **train}})
+    rt = parallel.setup("single", "cuda")
+    return build_trainable(params, PRECISIONS[precision], rt, num_classes=10, graphs=graphed), rt
+
+
+def _batches(n, size, count, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for _ in range(count):
+        x = torch.rand(n, 3, size, size, device="cuda", generator=g).contiguous(memory_format=torch.channels_last)
+        out.append((x, torch.randint(0, 10, (n,), device="cuda", generator=g)))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_graphed_and_eager_steps_give_the_same_losses_and_weights(precision):
+    # every shape the loop meets: two resolutions, and a short last batch at each
+    batches = _batches(16, 64, 3) + _batches(5, 64, 1, 1) + _batches(16, 96, 2, 2) + _batches(5, 96, 1, 3)
+    torch.manual_seed(1)  # the dropout masks: the same stream in both runs
+    eager, _ = _trainable(precision, graphed=False)
+    eager_losses = [float(train_step(eager, PRECISIONS[precision], x, y)[0]) for x, y in batches]
+
+    torch.manual_seed(1)
+    t, rt = _trainable(precision, graphed=True)
+    step = graphs.GraphedStep(t, PRECISIONS[precision], rt)
+    step.capture([(16, 64), (5, 64), (16, 96), (5, 96)], 10, True, torch.float32, 3)
+    assert len(step.graphs) == 4
+    graphed_losses = [float(step(x, y)[0]) for x, y in batches]
+
+    tol = {"fp32": 1e-4, "bf16": 2e-2}.get(precision, 5e-3)  # fp16/bf16 rounding, accumulated over 8 steps
+    assert graphed_losses == pytest.approx(eager_losses, rel=tol)
+    for (name, a), b in zip(eager.raw.named_parameters(), t.raw.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=tol, atol=tol * 1e-2), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_amp_skips_a_step_with_a_non_finite_gradient_and_counts_it():
+    t, rt = _trainable("amp", graphed=True)
+    step = graphs.GraphedStep(t, PRECISIONS["amp"], rt)
+    step.capture([(16, 64)], 10, True, torch.float32, 3)
+    log = StepLog(3, rt.device, t.scaler)
+    (good1, y1), (bad, y2), (good2, y3) = _batches(16, 64, 3)
+    bad = bad.clone()
+    bad[0, 0, 0, 0] = float("inf")  # an inf in the input: inf/NaN activations, loss and gradients
+    scale = t.scaler.get_scale()
+    log.record(*step(good1, y1)[:1], 16)
+    before = [p.detach().clone() for p in t.raw.parameters()]
+    log.record(*step(bad, y2)[:1], 16)
+    assert all(torch.equal(a, b) for a, b in zip(before, t.raw.parameters(), strict=True))  # skipped: unchanged
+    log.record(*step(good2, y3)[:1], 16)
+    assert not all(torch.equal(a, b) for a, b in zip(before, t.raw.parameters(), strict=True))
+    summary = log.summary()
+    assert summary["skipped_steps"] == 1 and summary["bad_steps"] == 1 and summary["first_bad_step"] == 1
+    assert summary["scales"] == [scale, scale / 2, scale / 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["amp", "bf16"])
+def test_a_graphed_run_with_two_resolutions_and_a_short_batch_trains_as_the_eager_run(tiny_repo, precision):
+    """The whole loop on a GPU: progressive resizing's two shapes, a short last batch (100 = 3 x 32 + 4),
+    the one-cycle lr changing every step (a device tensor the graphs read)."""
+    from fasttrain import checkpoint
+
+    set_params(tiny_repo, {"data": {"synthetic_train_size": 100, "augment": True},
+                           "model": {"name": "alexnet"},
+                           "train": {"device": "cuda", "epochs": 3, "img_size": 96, "progressive_epochs": 1,
+                                     "progressive_size": 64, "scheduler": "onecycle", "deterministic": True}})
+    run(["fasttrain", "download"], tiny_repo)
+    weights, metrics = {}, {}
+    for cuda_graphs in (False, True):
+        set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs}})
+        run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
+        weights[cuda_graphs] = checkpoint.load(tiny_repo / "models" / f"single-{precision}.pt")["model"]
+        metrics[cuda_graphs] = json.loads((tiny_repo / "metrics" / "train" / f"single-{precision}.json").read_text())
+    assert metrics[True]["cuda_graphs"] is True and metrics[True]["capture_seconds"] > 0
+    assert metrics[False]["cuda_graphs"] is False
+    for k in weights[False]:
+        assert torch.allclose(weights[False][k].float(), weights[True][k].float(), rtol=1e-2, atol=1e-4), k
