@@ -62,6 +62,7 @@ class TrainConfig:
     plateau_factor: float = 0.1
     plateau_patience: int = 2  # epochs without improvement before the lr is cut
     nproc: int | None = None  # ddp processes / dp GPUs; null = every visible GPU (ddp: 2 processes without one)
+    nnodes: int = 1  # ddp training: nodes of nproc processes each (docs/several-machines.md)
     sync_bn: bool = False  # ddp only: BatchNorm -> SyncBatchNorm (GPUs only)
     device: str = "auto"  # auto: first GPU if any, else CPU
     channels_last: bool = True
@@ -104,6 +105,7 @@ _RANGES = {
     ("data", "source"): (lambda v: v.strip() != "", "cifar10, synthetic, a URL or a local path"),
     ("model", "name"): (lambda v: v.strip() != "", "a torchvision classification model name"),
     ("train", "epochs"): (lambda v: v >= 1, "an integer >= 1"),
+    ("train", "nnodes"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "lr"): (lambda v: v > 0, "a number > 0"),
     ("train", "weight_decay"): (lambda v: v >= 0, "a number >= 0"),

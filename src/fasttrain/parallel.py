@@ -1,18 +1,23 @@
 """Parallelism in one place: launch, set up, wrap, unwrap, reduce, tear down, "am I the main process".
 
-Only this module reads RANK / LOCAL_RANK / WORLD_SIZE. The training loop receives a Runtime and a
-wrapped model and never asks which variant it runs.
+Only this module reads RANK / LOCAL_RANK / WORLD_SIZE (or SLURM_PROCID / SLURM_LOCALID / ... under
+srun). The training loop receives a Runtime and a wrapped model and never asks which variant it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
+import hashlib
 import os
 import signal
+import socket
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,14 +62,56 @@ class Runtime:
 
 LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by `launch` for its workers
 PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
+# Site settings, not recipe: they never change a result, so they are environment variables, not params
+# (a param would show in dvc.lock and re-run the stage whenever a job lands on other hosts).
+RDZV_ENDPOINT = "FASTTRAIN_RDZV_ENDPOINT"  # host:port of node 0, for `train.nnodes` > 1 outside SLURM
+DIST_TIMEOUT = "FASTTRAIN_DIST_TIMEOUT"  # seconds a rank waits for the others (collectives, rendezvous)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits in a ddp run, as the program that started it says."""
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int  # processes on this node
+    by: str  # "torchrun" or "srun"
+
+
+def placement() -> Placement | None:
+    """torchrun's variables (ours, or a user's on one node or several), else those of an srun step of
+    2+ tasks, else None: not a ddp worker. The step's SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: a batch
+    script has SLURM_NTASKS and SLURM_PROCID=0 too, and a `dvc repro` there must start workers, not be one."""
+    env = os.environ
+    if "LOCAL_RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return Placement(int(env.get("RANK", "0")), int(env["LOCAL_RANK"]), world,
+                         int(env.get("LOCAL_WORLD_SIZE", world)), "torchrun")
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        per_node = slurm_counts(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1"))
+        node = int(env.get("SLURM_NODEID", "0"))
+        return Placement(int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]), int(env["SLURM_STEP_NUM_TASKS"]),
+                         per_node[min(node, len(per_node) - 1)], "srun")
+    return None
+
+
+def slurm_counts(spec: str) -> list[int]:
+    """SLURM's per-node counts, expanded: "2(x3),1" -> [2, 2, 2, 1]."""
+    counts = []
+    for part in spec.split(","):
+        n, _, repeat = part.partition("(x")
+        counts += [int(n)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts
 
 
 def under_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """A ddp worker already (torchrun's or srun's): it joins the run instead of starting one."""
+    return placement() is not None
 
 
 def current_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    where = placement()
+    return where.world_size if where else 1
 
 
 def default_nproc() -> int:
@@ -79,14 +126,58 @@ def check_nproc(nproc: int, device_type: str, what: str = "ddp processes") -> No
                              f"set train.nproc to at most {gpus} or null")
 
 
-def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: str = "cuda") -> None:
-    """Re-run this command under torchrun (torch.distributed.run) with `nproc` workers.
+def check_node_gpus(where: Placement) -> None:
+    """One GPU per process on each node: this node's process count (LOCAL_WORLD_SIZE), not the world
+    size, against the GPUs this node sees. 2 nodes x 8 GPUs is 16 processes and 8 GPUs per node."""
+    gpus = torch.cuda.device_count()
+    if where.local_world_size > gpus or where.local_rank >= gpus:
+        flag = "--ntasks-per-node" if where.by == "srun" else "--nproc-per-node (train.nproc)"
+        raise FasttrainError(f"{where.local_world_size} ddp processes on this node (local rank {where.local_rank}) "
+                             f"but only {gpus} GPU(s) visible here: start at most {gpus} per node with {flag}")
 
-    `--standalone` gives a local c10d rendezvous on a free port, so two runs on one machine never
-    collide. Raises FasttrainError naming the failed rank when the workers fail for good.
-    With `device` auto and GPUs, this launcher leases `nproc` GPUs for its workers (they see only
-    those, local rank i on the i-th) and holds them while torchrun runs, restarts included.
+
+def dist_timeout() -> datetime.timedelta:
+    """How long a rank waits for the others before it gives up ($FASTTRAIN_DIST_TIMEOUT, default 600 s):
+    a node that dies, hangs or never comes makes the rest exit within this, never hang."""
+    raw = os.environ.get(DIST_TIMEOUT, "600")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise FasttrainError(f"{DIST_TIMEOUT} = {raw!r} is not a number of seconds > 0 (default 600)")
+    return datetime.timedelta(seconds=seconds)
+
+
+def rdzv_endpoint() -> str:
+    endpoint = os.environ.get(RDZV_ENDPOINT, "")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise FasttrainError(f"train.nnodes > 1 needs {RDZV_ENDPOINT}=HOST:PORT (node 0's address and a free port, "
+                             f"the same on every node), got {endpoint!r}; or run inside a SLURM allocation")
+    return endpoint
+
+
+def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: str = "cuda",
+           nnodes: int = 1, run_id: str = "fasttrain") -> None:
+    """Re-run this command under torchrun (torch.distributed.run) with `nproc` workers on this node.
+
+    One node: `--standalone`, a local c10d rendezvous on a free port, so two runs on one machine never
+    collide. `nnodes` > 1: inside a SLURM allocation, srun starts every node's workers from here
+    (launch_srun); elsewhere this node joins a c10d rendezvous at $FASTTRAIN_RDZV_ENDPOINT named
+    `run_id`, and every other node runs the same command. Raises FasttrainError naming the failed
+    rank when the workers fail for good. With `device` auto and GPUs, this launcher leases `nproc`
+    GPUs for its workers (they see only those, local rank i on the i-th) and holds them while
+    torchrun runs, restarts included.
     """
+    if nnodes > 1 and os.environ.get("SLURM_JOB_ID"):
+        return launch_srun(module_argv, nproc, nnodes, max_restarts)
+    if nnodes > 1:
+        timeout = int(dist_timeout().total_seconds())
+        rdzv = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint()}",
+                f"--rdzv-id={run_id}", f"--rdzv-conf=join_timeout={timeout},close_timeout={min(timeout, 60)}"]
+    else:
+        rdzv = ["--standalone"]
     if device == "auto" and torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(lease.hold(nproc).ids)
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -94,7 +185,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args([
-        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+        *rdzv, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
         "--monitor-interval=0.5", "--module", "fasttrain", *module_argv,
     ])
     # torchrun would set 1 thread per worker and print a banner saying so; share the cores instead.
@@ -114,6 +205,32 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise FasttrainError(f"ddp run stopped by signal {e.sigval.name}; its workers were stopped too") from None
+    except Exception as e:  # noqa: BLE001 (the rendezvous: RendezvousTimeoutError, ...ClosedError, a refused connection)
+        raise FasttrainError(f"ddp rendezvous failed ({type(e).__name__}: {_first_line(e)}); "
+                             f"the other nodes did not all join within {DIST_TIMEOUT}") from None
+
+
+def launch_srun(module_argv: list[str], nproc: int, nnodes: int, max_restarts: int = 0) -> None:
+    """Start every node's workers with one srun step from inside a SLURM allocation (a `dvc repro` in
+    an sbatch script): nnodes x nproc tasks, each a ddp worker that reads its place from SLURM's
+    variables (placement). Task 0, the global rank 0 that writes, runs on the allocation's first node,
+    the one a batch script runs on. srun ends the step when a task fails (--kill-on-bad-exit)."""
+    if max_restarts:
+        print(f"fasttrain: train.max_restarts = {max_restarts} is torchrun's; under srun a failed run is "
+              "resumed by running it again (sbatch --requeue)", file=sys.stderr)
+    cmd = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes * nproc}", f"--ntasks-per-node={nproc}",
+           "--kill-on-bad-exit=1", sys.executable, "-m", "fasttrain", *module_argv]
+    try:
+        code = subprocess.run(cmd, check=False).returncode
+    except FileNotFoundError:
+        raise FasttrainError("SLURM_JOB_ID is set but srun is not on PATH: run inside an allocation (sbatch, salloc) "
+                             f"or unset SLURM_JOB_ID and use {RDZV_ENDPOINT}") from None
+    if code:
+        raise FasttrainError(f"srun's ddp step exited with code {code}; see the tasks' output above")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def die_with_launcher() -> None:
@@ -164,22 +281,79 @@ def setup(parallel: str, device: str = "auto", nproc: int | None = None) -> Runt
         if base.type == "cuda":
             torch.cuda.set_device(base)
         return rt
-    if not under_torchrun():
-        raise FasttrainError("ddp must run under torchrun; `fasttrain train --parallel ddp` starts it for you")
+    where = placement()
+    if where is None:
+        raise FasttrainError("ddp must run under torchrun or srun; `fasttrain train --parallel ddp` starts it for you")
     die_with_launcher()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+    if where.by == "srun":
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = slurm_master()
+    rank, local_rank, world_size = where.rank, where.local_rank, where.world_size
     if base.type == "cuda":
-        check_nproc(world_size, "cuda")
+        check_node_gpus(where)
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
         backend = "nccl"
     else:
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10),
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=dist_timeout(),
                                 device_id=dev if backend == "nccl" else None)
     return Runtime("ddp", dev, rank, local_rank, world_size)
+
+
+def slurm_master() -> tuple[str, str]:
+    """MASTER_ADDR and MASTER_PORT for an srun step: as exported, else the step's first node (what
+    `scontrol show hostnames` lists first) and a port derived from the job id, the same on every node."""
+    addr = os.environ.get("MASTER_ADDR")
+    if not addr:
+        nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")
+        try:
+            addr = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
+                                  check=True).stdout.split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            raise FasttrainError("srun: MASTER_ADDR is not set and `scontrol show hostnames` named no first node: "
+                                 "export MASTER_ADDR=<first node> in the batch script") from None
+    port = os.environ.get("MASTER_PORT") or str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
+    return addr, port
+
+
+def check_same_file(path: Path, rt: Runtime) -> None:
+    """Every rank must read the same `path` (the data set): its sha256 is compared across ranks in one
+    gather, so a node with a missing or different copy is one error on every rank, not a hang (one
+    rank failing alone leaves the rest waiting in a collective) or a silent mismatch."""
+    if not rt.distributed:
+        return
+    digest = None
+    if path.is_file():
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    everyone: list = [None] * rt.world_size
+    dist.all_gather_object(everyone, (socket.gethostname(), digest))
+    if len({d for _, d in everyone}) == 1:
+        return
+    groups: dict = {}
+    for rank, (host, d) in enumerate(everyone):
+        groups.setdefault(d, []).append(f"{rank}@{host}")
+    seen = "; ".join(f"{'missing' if d is None else 'sha256 ' + d} on rank(s) {', '.join(r[:4])}"
+                     f"{' ...' if len(r) > 4 else ''}" for d, r in groups.items())
+    raise FasttrainError(f"{path} is not the same on every node ({seen}): copy one file to every node "
+                         f"or keep the repository on storage they all see")
+
+
+@contextlib.contextmanager
+def peers_lost_as_errors(rt: Runtime):
+    """A collective that fails because another rank died or stopped answering (gloo: connection
+    closed, timed out; NCCL: DistBackendError) ends this rank with one line, not a traceback."""
+    try:
+        yield
+    except FasttrainError:
+        raise
+    except (dist.DistError, RuntimeError) as e:
+        line = _first_line(e)
+        if not rt.distributed or not isinstance(e, dist.DistError) and "gloo" not in line.lower():
+            raise
+        raise FasttrainError(f"ddp rank {rt.rank} of {rt.world_size} on {socket.gethostname()} lost the other ranks "
+                             f"({line}): a node died or stopped answering within {DIST_TIMEOUT}") from None
 
 
 def cudnn_benchmark(requested: bool, rt: Runtime) -> bool:

@@ -27,7 +27,7 @@ def variant_options(fn):
     return wrapper
 
 
-def world_size_for(params: config.Params, parallel_name: str) -> int:
+def world_size_for(params: config.Params, parallel_name: str, nnodes: int = 1) -> int:
     if parallel_name != "ddp":
         return 1
     if parallel.under_torchrun():
@@ -35,25 +35,33 @@ def world_size_for(params: config.Params, parallel_name: str) -> int:
     device = parallel.resolve_device(params.train.device)
     nproc = params.train.nproc or parallel.default_nproc()
     parallel.check_nproc(nproc, device.type)
-    return nproc
+    return nnodes * nproc
 
 
 def run_variant(command: str, fn, parallel_name: str, precision_name: str, params_path: str,
                 check=None, max_restarts: int = 0, extra_argv: tuple[str, ...] = ()) -> None:
     """Validate (`check(params, world_size)`), then either run `fn(params, precision, runtime, layout)`
-    here or start ddp workers that run this same command (plus `extra_argv`) under torchrun."""
+    here or start ddp workers that run this same command (plus `extra_argv`) under torchrun.
+
+    Only `train` spreads over `train.nnodes` nodes: evaluating 10,000 images needs no second node, and
+    the evaluate stage does not read train.nnodes (it counts every image once at any world size)."""
     params = config.load(params_path)
-    world_size = world_size_for(params, parallel_name)
+    nnodes = params.train.nnodes if command == "train" and parallel_name == "ddp" else 1
+    world_size = world_size_for(params, parallel_name, nnodes)
     if check is not None:
         check(params, world_size)
     if parallel_name == "ddp" and not parallel.under_torchrun():
         parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
-                         "--params", str(Path(params_path).resolve()), *extra_argv], world_size, max_restarts,
-                        device=params.train.device)
+                         "--params", str(Path(params_path).resolve()), *extra_argv], world_size // nnodes,
+                        max_restarts, device=params.train.device, nnodes=nnodes,
+                        run_id=f"fasttrain-{command}-{parallel_name}-{precision_name}")
         return
     rt = parallel.setup(parallel_name, params.train.device, params.train.nproc)
     parallel.silence_non_main(rt)
+    layout = Layout()
     try:
-        fn(params, PRECISIONS[precision_name], rt, Layout())
+        with parallel.peers_lost_as_errors(rt):
+            parallel.check_same_file(layout.dataset, rt)
+            fn(params, PRECISIONS[precision_name], rt, layout)
     finally:
         parallel.teardown(rt)

@@ -26,3 +26,94 @@ def test_cudnn_benchmark_is_off_for_dataparallel_over_several_gpus_and_the_run_s
     assert rt.warnings == ["train.cudnn_benchmark off: nn.DataParallel over 3 GPUs makes new threads every step, "
                            "and cuDNN keeps its benchmark results per thread"]
     assert cudnn_benchmark(False, rt) is False and len(rt.warnings) == 1  # off as asked: nothing to say
+
+
+# --- several nodes: where a worker sits, and the per-node GPU check (issue 18) ----------------------
+
+from fasttrain import parallel  # noqa: E402
+from fasttrain.errors import FasttrainError  # noqa: E402
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SLURM_VARS = ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+              "SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_JOB_ID")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in TORCHRUN_VARS + SLURM_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def torchrun_env(mp, rank: int, local_rank: int, world_size: int, local_world_size: int) -> None:
+    for name, value in zip(TORCHRUN_VARS[:4], (rank, local_rank, world_size, local_world_size)):
+        mp.setenv(name, str(value))
+
+
+def fake_gpus(mp, count: int) -> list:
+    """`count` visible GPUs, and a process group that records its arguments instead of starting."""
+    calls = []
+    mp.setattr(torch.cuda, "is_available", lambda: count > 0)
+    mp.setattr(torch.cuda, "device_count", lambda: count)
+    mp.setattr(torch.cuda, "set_device", lambda dev: None)
+    mp.setattr(parallel.dist, "is_initialized", lambda: False)
+    mp.setattr(parallel.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    return calls
+
+
+@pytest.mark.parametrize("rank, local_rank", [(0, 0), (1, 1), (2, 0), (3, 1)])
+def test_two_nodes_of_two_processes_on_two_gpus_each_pass_the_per_node_check(clean_env, rank, local_rank):
+    calls = fake_gpus(clean_env, 2)
+    torchrun_env(clean_env, rank, local_rank, world_size=4, local_world_size=2)
+    rt = parallel.setup("ddp", "cuda")
+    assert (rt.rank, rt.local_rank, rt.world_size, rt.device) == (rank, local_rank, 4, torch.device("cuda", local_rank))
+    (backend, kw), = calls
+    assert backend == "nccl" and kw["rank"] == rank and kw["world_size"] == 4
+
+
+def test_three_processes_on_a_two_gpu_node_are_refused_naming_the_node_and_the_flag(clean_env):
+    fake_gpus(clean_env, 2)
+    torchrun_env(clean_env, rank=2, local_rank=2, world_size=6, local_world_size=3)
+    with pytest.raises(FasttrainError) as e:
+        parallel.setup("ddp", "cuda")
+    assert str(e.value) == ("3 ddp processes on this node (local rank 2) but only 2 GPU(s) visible here: "
+                            "start at most 2 per node with --nproc-per-node (train.nproc)")
+
+
+def test_a_batch_scripts_slurm_variables_make_no_worker_but_an_srun_steps_do(clean_env):
+    # sbatch's own environment (where `dvc repro` runs): one process that must start the workers.
+    for name, value in (("SLURM_JOB_ID", "7"), ("SLURM_NTASKS", "16"), ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
+        clean_env.setenv(name, value)
+    assert parallel.placement() is None
+    # A task of `srun --nodes 3 --ntasks-per-node 2` (uneven: 2, 2, 1), on the third node.
+    for name, value in (("SLURM_STEP_NUM_TASKS", "5"), ("SLURM_PROCID", "4"), ("SLURM_LOCALID", "0"),
+                        ("SLURM_NODEID", "2"), ("SLURM_STEP_TASKS_PER_NODE", "2(x2),1")):
+        clean_env.setenv(name, value)
+    assert parallel.placement() == parallel.Placement(4, 0, 5, 1, "srun")
+    torchrun_env(clean_env, 1, 1, 2, 2)  # torchrun started from srun, one per node: torchrun's say
+    assert parallel.placement() == parallel.Placement(1, 1, 2, 2, "torchrun")
+
+
+def test_srun_tasks_find_the_master_from_the_environment_or_the_job(clean_env):
+    clean_env.setenv("SLURM_JOB_ID", "123456")
+    clean_env.setenv("MASTER_ADDR", "node7")
+    assert parallel.slurm_master() == ("node7", str(20000 + 123456 % 20000))
+    clean_env.setenv("MASTER_PORT", "29400")
+    assert parallel.slurm_master() == ("node7", "29400")
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "soon", ""])
+def test_a_bad_dist_timeout_is_one_line_naming_the_variable(clean_env, raw):
+    clean_env.setenv("FASTTRAIN_DIST_TIMEOUT", raw)
+    with pytest.raises(FasttrainError, match=r"^FASTTRAIN_DIST_TIMEOUT = .* is not a number of seconds > 0"):
+        parallel.dist_timeout()
+
+
+@pytest.mark.parametrize("raw", [None, "node0", "node0:", ":29500"])
+def test_train_nnodes_without_a_rendezvous_endpoint_is_one_line(clean_env, raw):
+    if raw is None:
+        clean_env.delenv("FASTTRAIN_RDZV_ENDPOINT", raising=False)
+    else:
+        clean_env.setenv("FASTTRAIN_RDZV_ENDPOINT", raw)
+    with pytest.raises(FasttrainError, match=r"^train.nnodes > 1 needs FASTTRAIN_RDZV_ENDPOINT=HOST:PORT"):
+        parallel.launch(["train"], nproc=1, device="cpu", nnodes=2)
