@@ -1,4 +1,4 @@
-"""ddp over several nodes, on one machine (issue 18, tests 1-4): each "node" is its own launcher
+"""ddp over several nodes, on one machine: each "node" is its own launcher
 process (torchrun agent, fasttrain launcher or faked srun) on 127.0.0.1, one gloo worker each.
 
 Ports come from the OS; FASTTRAIN_DIST_TIMEOUT keeps every wait short.

@@ -28,7 +28,7 @@ def test_cudnn_benchmark_is_off_for_dataparallel_over_several_gpus_and_the_run_s
     assert cudnn_benchmark(False, rt) is False and len(rt.warnings) == 1  # off as asked: nothing to say
 
 
-# --- several nodes: where a worker sits, and the per-node GPU check (issue 18) ----------------------
+# --- several nodes: where a worker sits, and the per-node GPU check ------------------------------
 
 from fasttrain import parallel  # noqa: E402
 from fasttrain.errors import FasttrainError  # noqa: E402
