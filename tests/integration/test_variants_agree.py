@@ -1,30 +1,59 @@
 """On one device, `single`, `dp` and `ddp` (one process) are the same computation: the same initial
 weights, the same batches in the same order, the same augmentation and dropout draws. So the
 comparison table measures how each variant runs, never a different training run by chance; on the
-GPU, only nondeterministic kernels (cuDNN's per-process algorithm choice, atomic adds) separate them."""
+GPU, only nondeterministic kernels (cuDNN's per-process algorithm choice, atomic adds) separate them.
+
+On the CPU, `dp` *is* the single path: nn.DataParallel needs CUDA devices, so a dp run without a GPU
+trains the bare model in one process and says so in its warnings. "dp equals single" below checks
+that the dp variant falls back to exactly that, not DataParallel; the real DataParallel is checked
+by the GPU-marked tests (test_dp_over_two_gpus_trains_as_single_does here, and test_precision's
+replicas), which a CPU run skips and counts (tests/conftest.py)."""
 
 import csv
+import json
 
+import pytest
 import torch
 import yaml
 from scratch import TINY, run
 
+DP_ON_CPU = "dp without a GPU runs as one process: nn.DataParallel needs CUDA devices"
 
-def test_single_dp_and_one_process_ddp_train_the_same_model(tmp_path):
+
+def _train(tmp_path, parallels, **train) -> tuple[dict, dict, dict]:
     params = {**TINY, "data": {**TINY["data"], "augment": True},  # squeezenet1_1 has dropout, too
-              "train": {**TINY["train"], "epochs": 2, "scheduler": "onecycle", "device": "cpu", "nproc": 1}}
+              "train": {**TINY["train"], "epochs": 2, "scheduler": "onecycle", **train}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     run(["fasttrain", "download"], tmp_path)
-    curves, weights = {}, {}
-    for parallel in ("single", "dp", "ddp"):
+    curves, weights, metrics = {}, {}, {}
+    for parallel in parallels:
         run(["fasttrain", "train", "--parallel", parallel, "--precision", "fp32"], tmp_path, timeout=600)
         with open(tmp_path / "plots" / "train" / f"{parallel}-fp32.csv") as f:
             curves[parallel] = [(r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
         weights[parallel] = torch.load(tmp_path / "models" / f"{parallel}-fp32.pt", weights_only=True)["model"]
+        metrics[parallel] = json.loads((tmp_path / "metrics" / "train" / f"{parallel}-fp32.json").read_text())
+    return curves, weights, metrics
 
+
+def test_single_dp_and_one_process_ddp_train_the_same_model(tmp_path):
+    curves, weights, metrics = _train(tmp_path, ("single", "dp", "ddp"), device="cpu", nproc=1)
+
+    assert metrics["dp"]["warnings"] == [DP_ON_CPU] and metrics["dp"]["device_count"] == 1  # the single path
     assert len(curves["single"]) == 2
     assert curves["dp"] == curves["single"] and curves["ddp"] == curves["single"]
     for parallel in ("dp", "ddp"):
         assert weights[parallel].keys() == weights["single"].keys()
         for name, tensor in weights["single"].items():
             assert torch.equal(weights[parallel][name], tensor), f"{parallel}: {name} differs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dp_over_two_gpus_trains_as_single_does(tmp_path):
+    """Real nn.DataParallel: each step's batch split over two replicas, gradients summed back on the
+    first GPU. Only summation order differs from single, so the curves agree closely, not bit for bit."""
+    curves, _, metrics = _train(tmp_path, ("single", "dp"), device="cuda", nproc=2)
+
+    assert metrics["dp"]["device_count"] == 2 and DP_ON_CPU not in metrics["dp"]["warnings"]
+    for (loss_dp, _, lr_dp), (loss, _, lr) in zip(curves["dp"], curves["single"], strict=True):
+        assert float(loss_dp) == pytest.approx(float(loss), rel=1e-2) and lr_dp == lr

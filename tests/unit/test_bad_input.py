@@ -179,6 +179,9 @@ CASES = {
     # the world
     "batch smaller than world size": Case(TRAIN_DDP, "train.batch_size = 2 is smaller than the 3 ddp processes",
                                           {"train": {"nproc": 3, "batch_size": 2}}),
+    "batch not a multiple of world size": Case(
+        TRAIN_DDP, "train.batch_size = 9 does not split evenly over 2 ddp processes: use a multiple of 2",
+        {"train": {"nproc": 2, "batch_size": 9}}),
     "more ddp processes than GPUs": Case(TRAIN_DDP, "train.nproc = 2 ddp processes but only 1 GPU(s) visible",
                                          {"train": {"nproc": 2, "device": "auto"}}, patch=_gpu_machine(1)),
     "cuda without a GPU": Case(TRAIN, "train.device = cuda but no GPU is visible",

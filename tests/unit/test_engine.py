@@ -112,3 +112,66 @@ def test_grad_norms_are_kept_per_step_and_their_finite_maximum_reported():
     summary = log.summary()
     assert summary["grad_norms"] == [1.5, float("inf"), 4.0] and summary["grad_norm_max"] == 4.0
     assert StepLog(4, CPU, FakeScaler(None)).summary()["grad_norm_max"] is None
+
+
+def _trainable(**train):
+    from fasttrain import config, parallel
+    from fasttrain.engine import build_trainable
+    from fasttrain.precision import PRECISIONS
+
+    params = config.from_dict({"model": {"name": "resnet18"}, "train": {"device": "cpu", **train}})
+    return build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), num_classes=10)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_label_smoothing_mixes_the_true_class_loss_with_the_mean_loss_over_all_classes(smoothing):
+    """train.label_smoothing = e: loss = (1 - e) * -log p[y] + e * mean over classes k of -log p[k]."""
+    from fasttrain.engine import train_step
+    from fasttrain.precision import PRECISIONS
+
+    t = _trainable(label_smoothing=smoothing)
+    with torch.no_grad():
+        t.raw.fc.weight.mul_(50)  # confident logits, far from uniform: smoothing changes the loss a lot
+    t.optimizer.step = lambda: None
+    x, y = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 3, 3, 9])
+    with torch.no_grad():
+        log_p = t.net(x).log_softmax(dim=1)  # training mode, as train_step's forward: the same batch statistics
+    true_class = -log_p[torch.arange(4), y].mean()
+    every_class = -log_p.mean(dim=1).mean()
+    assert abs(float(every_class - true_class)) > 1  # the two terms differ, so a wrong mix shows
+    loss, _ = train_step(t, PRECISIONS["fp32"], x, y)
+    assert float(loss) == pytest.approx(float((1 - smoothing) * true_class + smoothing * every_class), rel=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_adamw_is_never_asked_of_the_cpu(fused):
+    """train.fused_adamw picks the fused kernel on CUDA only (test_fused_adamw_on_the_gpu)."""
+    assert not _trainable(fused_adamw=fused).optimizer.param_groups[0]["fused"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_adamw_on_the_gpu(fused):
+    from fasttrain import config, parallel
+    from fasttrain.engine import build_trainable
+    from fasttrain.precision import PRECISIONS
+
+    params = config.from_dict({"model": {"name": "resnet18"}, "train": {"device": "cuda", "fused_adamw": fused}})
+    t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cuda"), num_classes=10)
+    assert bool(t.optimizer.param_groups[0]["fused"]) is fused
+
+
+@pytest.mark.parametrize("parallel_name, warned", [("ddp", True), ("single", False)])
+def test_sync_bn_on_the_cpu_keeps_batchnorm_and_says_so_under_ddp(parallel_name, warned):
+    """SyncBatchNorm needs GPUs: on the CPU a ddp run keeps BatchNorm and records why in its warnings
+    (they end up in the train metrics: test_train_metrics); outside ddp sync_bn means nothing."""
+    from torchvision.models import resnet18
+
+    from fasttrain.parallel import Runtime, prepare_model
+
+    rt = Runtime(parallel_name, CPU, world_size=2 if parallel_name == "ddp" else 1)
+    model = prepare_model(resnet18(num_classes=10), rt, sync_bn=True)
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert rt.warnings == (["train.sync_bn ignored: SyncBatchNorm needs GPUs"] if warned else [])
