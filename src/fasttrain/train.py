@@ -65,8 +65,10 @@ def check_train(params: config.Params, world_size: int) -> None:
 
 def resolved_config(params: config.Params, parallel_name: str, precision_name: str, world_size: int) -> dict:
     """What the run depends on: the params that shape training, plus the variant and the world size."""
-    resolved = config.to_dict(params)
-    resolved.pop("evaluate")
+    # data: how batches are made, not the download stage's keys, which made data/dataset.pt (a
+    # dependency of the stage as a file)
+    resolved = {"data": {k: getattr(params.data, k) for k in ("loader", "augment", "workers", "pin_memory")},
+                "model": config.to_dict(params.model), "train": config.to_dict(params.train)}
     # how a run is watched, restarted, checkpointed or launched, not what it computes
     for key in ("log_every_steps", "max_restarts", "checkpoint_every", "cuda_graphs"):
         resolved["train"].pop(key)
@@ -416,7 +418,7 @@ def _finish(run: _Run, wall_start: float) -> dict:
         atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics)
         hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
                    "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
-                   **{k: v for k, v in config.to_dict(run.params)["train"].items() if k in HPARAM_KEYS},
+                   **{k: v for k, v in config.to_dict(run.cfg).items() if k in HPARAM_KEYS},
                    "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
         run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
                                run_name=".")  # "." keeps the hparams in the variant's own run folder

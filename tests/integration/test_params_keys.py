@@ -32,12 +32,7 @@ for section, values in {**TINY, "data": {**TINY["data"], "synthetic_train_size":
                         "train": {**TINY["train"], "device": "cpu", "nproc": 1, "epochs": 2, "seed": 7,
                                   "weight_decay": 0.05}}.items():
     FULL[section].update(values)
-# train reads these only to record them in its checkpoint's config (train.resolved_config) and its
-# hash, which refuses a resume after any of them changed: they are the download stage's keys, not
-# listed by train, so changing them alone leaves models/*.pt naming the old values.
-KNOWN_UNLISTED = {f"data.{k}": "read by ['download', 'train'], listed by ['download']"
-                  for k in ("source", "md5", "synthetic_train_size", "synthetic_test_size", "synthetic_image_size",
-                            "synthetic_seed")}
+KNOWN_UNLISTED: dict[str, str] = {}  # keys a stage reads without listing them: none
 
 
 def every_key() -> list[str]:
