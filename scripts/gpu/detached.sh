@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Run a command that outlasts one device call, then collect it in later calls on the warm machine.
+# Run a command that outlasts the call that starts it, and collect it in later calls.
 #
-#   scripts/detached.sh DIR SECONDS -- CMD [ARG ...]   start CMD (unless DIR already holds a run), wait
-#   scripts/detached.sh DIR SECONDS                    wait for the run DIR holds
+#   scripts/gpu/detached.sh DIR SECONDS -- CMD [ARG ...]   start CMD (unless DIR already holds a run), wait
+#   scripts/gpu/detached.sh DIR SECONDS                    wait for the run DIR holds
 #
-# CMD runs in a process session of its own (setsid), which the device machine leaves running when a
-# call returns; its stdout and stderr go to DIR/log, its exit status to DIR/rc. Each call waits up to
-# SECONDS for it, prints the log's last lines and, once it has ended, copies DIR/out/ (where CMD
-# should write its results) to $OUT. Exit status: CMD's once it has ended, 75 while it still runs,
-# 1 if DIR's run is gone without an exit status (the machine was given back, or it was killed).
-# The device machine goes back about 30 s after a call returns (status: idle_release_s), and a
-# detached run dies with it: make each collecting call at once after the last, never after other work
-# (session 6 lost a 12-variant run that way).
+# For hosts where one command may last only so long (a remote-execution call, a batch job's step):
+# CMD runs in a process session of its own (setsid), so it lives on after the call returns, as long
+# as the host does. Its stdout and stderr go to DIR/log, its exit status to DIR/rc. Each call waits
+# up to SECONDS for it, prints the log's last DETACHED_TAIL lines (40) and, once it has ended, copies
+# DIR/out/ (where CMD should write its results) to $OUT when OUT is set. Exit status: CMD's once it
+# has ended, 75 while it still runs, 1 if DIR's run is gone without an exit status (killed, or the
+# host went away), 2 if DIR holds no run. To stop it, end its process group, and only that:
+# kill -- -$(cat DIR/pid)
 set -u -o pipefail
+[ $# -ge 2 ] || { echo "usage: $0 DIR SECONDS [-- CMD [ARG ...]]" >&2; exit 2; }
 dir=$1 seconds=$2; shift 2
 mkdir -p "$dir/out"
 if [ "${1:-}" = -- ]; then

@@ -1,35 +1,40 @@
 #!/usr/bin/env bash
-# On the GPU machine: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe over seeds.
-# Usage: scripts/gpu_fast.sh ARCHIVE OUTDIR "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
-# Each space-separated item of the 4th argument is one configuration of overrides on recipes/fast.yaml,
-# e.g. "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
-# BENCH_CASES (environment) replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit tests;
-# FT_BASE (default /tmp/ft-base) is its scratch folder, so that two can run at once, one per GPU.
-# JOBS=n (default 1) trains n runs at once on the one GPU, for an accuracy sweep: their train_seconds
-# are not the recipe's (they share the GPU), and each row of fast.jsonl says "jobs": n.
+# On a GPU host, without DVC: unit tests (GPU ones included), `fasttrain bench`, and the fast recipe
+# over seeds and configurations, through the same `fasttrain train`/`evaluate` commands the stages run.
+#
+#   scripts/gpu/fast.sh ARCHIVE WORK OUT "SEEDS" ["k=v,k=v k=v ..."] [skip-bench]
+#
+# WORK is the scratch folder (WORK/base: the prepared data set; WORK/run-N-SEED: one run), so two can
+# run at once with two WORKs, one per GPU. OUT gets machine.txt, bench.json, fast.jsonl (one row per
+# run) and each run's per-epoch curve, epochs-N-SEED.csv. Each space-separated item of the 5th
+# argument is one configuration of overrides on recipes/fast.yaml, numbered N from 1, e.g.
+# "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
 # The runs go seed by seed, every configuration for a seed before the next seed.
-# (No DVC on that machine: these are the commands the stages run.)
+# Environment: BENCH_CASES replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit
+# tests; JOBS=n (default 1) trains n runs at once on the one GPU, for an accuracy sweep: their
+# train_seconds are not the recipe's (they share the GPU), and each row of fast.jsonl says "jobs": n.
 set -u
-archive=$(realpath "$1"); out=$(realpath -m "$2"); seeds=${3:-"0 1 2"}; configs=${4:-"train.seed=0"}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+[ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT \"SEEDS\" [\"CONFIGS\"] [skip-bench]" >&2; exit 2; }
+archive=$(realpath "$1"); work=$(realpath -m "$2"); out=$(realpath -m "$3"); seeds=$4; configs=${5:-"train.seed=0"}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
 ft() { python3 -m fasttrain "$@"; }
 mkdir -p "$out"
-{ nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
+{ nvidia-smi -L 2>/dev/null; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
 [ -n "${NO_TESTS:-}" ] || (cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
 
-base=${FT_BASE:-/tmp/ft-base} && rm -rf $base && mkdir -p $base && cd $base
+base=$work/base && rm -rf "$base" "$work"/run-* && mkdir -p "$base" && cd "$base"
 python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive"
 ft download
 python3 "$repo/scripts/overlay.py" params.yaml "$repo/recipes/fast.yaml" fast.yaml
-if [ "${5:-}" != skip-bench ]; then
+if [ "${6:-}" != skip-bench ]; then
   cases=${BENCH_CASES:-"64:amp 64:amp:compile=reduce-overhead 512:bf16:compile"}
   ft bench --params params.yaml $(printf -- '--case %s ' $cases) --out "$out/bench.json" 2>&1 \
     | grep -v -i -e warn -e autotune -e triton_mm -e "^  mm " -e "^strides" -e "^dtypes"
 fi
 
 one() {  # one run: config number $1, config $2, seed $3; its log is printed in one piece at the end
-  local n=$1 config=$2 seed=$3 d=$base-fast-$1-$3
+  local n=$1 config=$2 seed=$3 d=$work/run-$1-$3
   rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
   python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
   {

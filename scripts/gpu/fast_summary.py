@@ -1,6 +1,6 @@
-"""Summarise fast-recipe runs from `scripts/gpu_fast.sh` output folders, as a Markdown table.
+"""Summarise fast-recipe runs from `scripts/gpu/fast.sh` output folders, as a Markdown table.
 
-    python scripts/fast_summary.py OUTDIR [OUTDIR ...] [--mark 0.84] [--runs] [--configs "C1 C2 ..."]
+    python scripts/gpu/fast_summary.py OUTDIR [OUTDIR ...] [--mark 0.84] [--runs] [--configs "C1 C2 ..."]
 
 One row per configuration (the overrides string of the runs): how many runs, how many ended below
 MARK, test accuracy min / median / max, the loss change at the switch to the final size (the first
@@ -9,8 +9,8 @@ runs that collapsed: whose per-epoch test accuracy fell below --collapse after h
 that. With --runs, one row per run instead: its seconds and accuracy.
 
 Each OUTDIR holds `fast.jsonl` and the curves `epochs-N-SEED.csv`, N numbering the configurations
-in the order gpu_fast.sh was given them. Rows that do not record N ("config", written since session
-8) get it from --configs: the same configurations string gpu_fast.sh was given.
+in the order fast.sh was given them. Rows without N (no "config" field: fast.jsonl files written
+before fast.sh recorded it) get it from --configs: the same configurations string fast.sh was given.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def load_runs(folder: Path, configs: list[str]) -> list[dict]:
         if n is None:
             if row["overrides"] not in configs:
                 sys.exit(f"fast_summary: {folder}: a run of {row['overrides']!r} records no config number "
-                         f"and --configs does not list it: give --configs as gpu_fast.sh got them")
+                         f"and --configs does not list it: give --configs as fast.sh got them")
             n = configs.index(row["overrides"]) + 1
         row["config"] = n
         curve = folder / f"epochs-{n}-{row['seed']}.csv"
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mark", type=float, default=0.84, help="the test accuracy a run must reach (0.84)")
     ap.add_argument("--collapse", type=float, default=0.2, help="test accuracy that counts as a collapse (0.2)")
     ap.add_argument("--runs", action="store_true", help="one row per run instead of per configuration")
-    ap.add_argument("--configs", default="", help="gpu_fast.sh's configurations, for rows without a number")
+    ap.add_argument("--configs", default="", help="fast.sh's configurations, for rows without a number")
     args = ap.parse_args(argv)
     runs = [r for folder in args.folders for r in load_runs(folder, args.configs.split())]
     print("\n".join(run_table(runs) if args.runs else config_table(runs, args.mark, args.collapse)))

@@ -1,12 +1,12 @@
 """Instructions per output value of the gpu loader's Triton kernel, compiled for a GPU without one.
 
-    python scripts/kernel_sass.py [--arch 90] [--block N] [--channels 8] [FILE ...]
+    python scripts/gpu/kernel_sass.py [--arch 90] [--block N] [--channels 8] [FILE ...]
 
 Compiles `src/fasttrain/batch_kernel.py`'s kernel (or the same kernel in each FILE, e.g. an older
 version from `git show REV:src/fasttrain/batch_kernel.py > old.py`) ahead of time for sm_ARCH with
 Triton's own compiler and ptxas, disassembles it, and counts the SASS instructions one thread runs
 (the kernel has no loops, so that count is the per-thread work). Times threads per program over
-output values per program, that is the work per value, for the README's case: batch of 32 px RGB
+output values per program, that is the work per value, for the loader's case in docs/loader-kernel.md: batch of 32 px RGB
 images, augmented, resized to 227 px, bf16, channels_last; `--channels 8` counts train.pad_channels'
 output (3 image channels and 5 zero ones, stored as one tile per program), whose values include the
 zeros. A count, not a timing: it says where a change moves the arithmetic, and the GPU has the last
@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.disasm import get_sass
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CASE = {"C": 3, "H": 32, "W": 32, "OH": 227, "OW": 227, "PAD": 4, "AUGMENT": True, "NHWC": True}
 POINTERS = {"src": "*u8", "idx": "*i64", "dy": "*i64", "dx": "*i64", "flip": "*i64", "out": "*bf16"}
 NUM_WARPS = 4  # Triton's default, which the loader launches with

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# On a machine with 2+ GPUs: dp and ddp against one GPU, short runs of the click commands the stages run.
-# Usage: scripts/gpu_multi.sh ARCHIVE OUT EPOCHS "RUN ..."   RUN = parallel:precision:batch[:nproc[:loader]]
-# (batch is global, as train.batch_size; nproc only for ddp). One JSON line per run -> OUT/multi.jsonl.
-# FT_EXTRA: more k=v overrides for every run (a CPU check); RUN_SECONDS: time limit of one run (240). The rows carry the steady-state images/s (first epoch excluded), seconds per epoch, peak memory and accuracy.
+# On a host with 2+ GPUs: dp and ddp against one GPU, short runs of the commands the stages run.
+#
+#   scripts/gpu/multi.sh ARCHIVE WORK OUT EPOCHS "RUN ..."   RUN = parallel:precision:batch[:nproc[:loader]]
+#
+# batch is global, as train.batch_size; nproc only for ddp. WORK is the scratch folder (WORK/base: the
+# prepared data set, reused; WORK/RUN: one run). One JSON line per run goes to OUT/multi.jsonl: the
+# steady-state images/s (first epoch excluded), seconds per epoch, peak memory and accuracy; its log
+# to OUT/train-RUN.log. A run stopped at its limit dumps every thread's Python stack into its log.
+# Environment: FT_EXTRA: more k=v overrides for every run (a CPU check); RUN_SECONDS: the time limit
+# of one run (240).
 set -u
+[ $# -eq 5 ] || { echo "usage: $0 ARCHIVE WORK OUT EPOCHS \"RUN ...\"" >&2; exit 2; }
 case $1 in cifar10|synthetic|*://*) archive=$1 ;; *) archive=$(realpath "$1") ;; esac
-out=$(realpath -m "$2"); epochs=$3; runs=$4
-repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(realpath -m "$2"); out=$(realpath -m "$3"); epochs=$4; runs=$5
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
 mkdir -p "$out"
-base=/tmp/ft-multi && mkdir -p $base && cd $base
+base=$work/base && mkdir -p "$base" && cd "$base"
 python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive" ${FT_EXTRA:-}
 [ -f data/dataset.pt ] || python3 -m fasttrain download
 for run in $runs; do
   IFS=: read -r par prec batch nproc loader <<< "$run"
-  d=/tmp/ft-multi-$par-$prec-$batch-${nproc:-x}-${loader:-gpu} && rm -rf $d && mkdir -p $d/data && cd $d
+  d=$work/$par-$prec-$batch-${nproc:-x}-${loader:-gpu} && rm -rf "$d" && mkdir -p "$d/data" && cd "$d"
   ln -s $base/data/dataset.pt data/dataset.pt
   python3 "$repo/scripts/overlay.py" $base/params.yaml /dev/null params.yaml "train.epochs=$epochs" \
     "train.batch_size=$batch" "data.loader=${loader:-gpu}" $([ -n "${nproc:-}" ] && echo "train.nproc=$nproc")

@@ -1,33 +1,31 @@
 #!/usr/bin/env bash
-# The real pipeline through DVC on the GPU machine, with ARCHIVE as data.source.
+# The real pipeline through DVC on a GPU host, with ARCHIVE as data.source, in a repository of its own.
 #
-#   scripts/gpu_repro.sh ARCHIVE OUT SECONDS [--queue J] [--fast "SEEDS"] [k=v ...]
+#   scripts/gpu/repro.sh ARCHIVE WORK OUT SECONDS [--queue J] [--fast "SEEDS"] [k=v ...]
 #
 #   plain       `dvc repro`, with the params overrides k=v laid over params.yaml
-#   --queue J   the README's several-GPU recipe instead: every variant (FT_VARIANTS: some) queued as
-#               an experiment with train.nproc=1, `dvc queue start -j J` (each leases its own GPU),
-#               then `dvc repro` restores them from the run-cache and compares. If the queue runs out
-#               of SECONDS it is stopped and the call exits 75; call again with the same arguments
-#               (the queue is not run twice): its `dvc repro` restores what finished, runs the rest
+#   --queue J   the several-GPU recipe (README, "Several variants on several GPUs") instead: every variant
+#               (FT_VARIANTS: some) queued as an experiment with train.nproc=1, `dvc queue start -j J`
+#               (each leases its own GPU), then `dvc repro` restores them from the run-cache and
+#               compares. If the queue runs out of SECONDS it is stopped and the call exits 75; call
+#               again with the same arguments (the queue is not run twice): its `dvc repro` restores
+#               what finished and runs the rest
 #   --fast S    afterwards, `make fast`'s experiment once per seed in S (FT_FAST_EXTRA: more -S flags,
 #               for a CPU check)
 #
-# That machine has torch but no DVC and no console scripts: DVC comes from wheels carried in .whl/
-# (installed once into /tmp/site), and `fasttrain`/`dvc` from two small shims. The pipeline runs in
-# a git repository made from a copy of this checkout in $FT_WORK (default /tmp/ft-repro), kept
-# between calls: a second call on a still-warm machine carries on where a timed-out one stopped,
-# since finished stages are in dvc.lock and an unfinished train stage resumes from its checkpoint.
-# OUT gets repro.log (with --queue also queue.log) and results.tar.gz (metrics/, plots/, dvc.lock,
-# params.yaml). FT_TARGETS (environment): the stages `dvc repro` makes (default: all), e.g.
-# "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
-# For a run longer than one device call, start it with scripts/detached.sh and OUT=DIR/out, then
-# collect it with further calls made at once (the machine stays warm only ~30 s between calls):
-#   scripts/detached.sh /tmp/ftd 570 -- scripts/gpu_repro.sh ARCHIVE /tmp/ftd/out 1500 --fast "0 1 2"
-#   scripts/detached.sh /tmp/ftd 570
+# WORK is a git repository made from a copy of this checkout on the first call and kept between
+# calls: a call that ran out of time carries on in the next, since finished stages are in dvc.lock
+# and an unfinished train stage resumes from its checkpoint. DVC must be importable by python3
+# (`pip install dvc`); `fasttrain` and `dvc` are run as `python3 -m ...` through two small shims, so
+# no console scripts are needed. OUT gets repro.log (with --queue also queue.log) and
+# results.tar.gz (metrics/, plots/, dvc.lock, params.yaml). FT_TARGETS (environment): the stages
+# `dvc repro` makes (default: all), e.g. "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
+# A run longer than one command may last can go through scripts/gpu/detached.sh with OUT=DIR/out.
 set -u -o pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+[ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT SECONDS [--queue J] [--fast \"SEEDS\"] [k=v ...]" >&2; exit 2; }
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 case $1 in *://*|cifar10|synthetic) archive=$1 ;; *) archive=$(realpath -m "$1") ;; esac  # stages run in $work
-out=$(realpath -m "$2") seconds=$3; shift 3
+work=$(realpath -m "$2") out=$(realpath -m "$3") seconds=$4; shift 4
 jobs= seeds=  # --queue J and --fast "SEEDS", in either order, before the k=v overrides
 while :; do
   case ${1:-} in
@@ -37,20 +35,15 @@ while :; do
   esac
 done
 [ -z "$jobs" ] || set -- train.nproc=1 "$@"
-work=${FT_WORK:-/tmp/ft-repro}
 mkdir -p "$out"
-
-if ! python3 -c "import dvc" 2>/dev/null; then
-  [ -d /tmp/site/dvc ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --target /tmp/site "$repo"/.whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+python3 -c "import dvc" 2>/dev/null || { echo "repro.sh: python3 cannot import dvc: pip install dvc" >&2; exit 1; }
 export PYTHONPATH=$work/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout, without carried files
+if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout's sources
   mkdir -p "$work"
-  (cd "$repo" && tar cf - --exclude=./.git --exclude=./.whl --exclude=./.cache --exclude=./.run \
-     --exclude=./.venv --exclude=./.demo .) | (cd "$work" && tar xf -)
+  (cd "$repo" && tar cf - --exclude=./.git --exclude=./.venv --exclude=./.demo --exclude=./.cache \
+     --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./data --exclude=./models --exclude=./checkpoints \
+     --exclude=./tensorboard --exclude=./metrics --exclude=./plots .) | (cd "$work" && tar xf -)
   cd "$work"
   git init -q && git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm checkout
 fi
@@ -66,7 +59,7 @@ python3 scripts/overlay.py params.yaml /dev/null params.yaml "data.source=$archi
 nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/machine.txt"
 
-queued=.dvc/tmp/gpu-repro-queued  # the queue ran (a later call with --queue goes straight to dvc repro)
+queued=.dvc/tmp/repro-queued  # the queue ran (a later call with --queue goes straight to dvc repro)
 if [ -n "$jobs" ] && [ ! -e "$queued" ]; then  # queue every variant's evaluate stage as an experiment
   end=$((SECONDS + seconds))
   dvc repro download > "$out/queue.raw" 2>&1 || { cat "$out/queue.raw"; exit 1; }
@@ -88,7 +81,7 @@ if [ -n "$jobs" ] && [ ! -e "$queued" ]; then  # queue every variant's evaluate 
   done
   if [ -n "$late" ]; then  # what finished is in DVC's run-cache: the next call's dvc repro restores it
     ok=$(grep -c Success <<< "$queue")
-    echo "gpu_repro: the queue ran out of time ($ok of $(wc -w <<< "$variants") experiments succeeded);" \
+    echo "repro.sh: the queue ran out of time ($ok of $(wc -w <<< "$variants") experiments succeeded);" \
       "call again with the same arguments: its dvc repro restores what finished and runs the rest"
     exit 75
   fi
@@ -106,8 +99,8 @@ watchdog=$!
 wait $pid
 status=$?
 kill -- -$watchdog 2>/dev/null
-# torchrun starts ddp workers in sessions of their own: make sure none outlives a stopped run
-[ $status -eq 0 ] || pkill -KILL -f "fasttrain (train|evaluate)" 2>/dev/null
+# A stopped run: end what is left of its own process group (ddp's workers end with their launcher).
+[ $status -eq 0 ] || kill -KILL -- -$pid 2>/dev/null
 grep -v -i -e warning -e "warn(" "$out/repro.raw" | tee -a "$out/repro.log"
 rm -f "$out/repro.raw"
 echo "dvc repro exit status $status"

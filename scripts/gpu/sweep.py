@@ -1,10 +1,9 @@
-"""On the GPU machine: which switches make the step fastest? Times the gpu loader and the compute
-ceiling (bench's own paths) over switch combinations, and, for eager cases, where the step's time
-goes (profiler: kernel time per step against wall time per step; kernels << wall means the step
-is bound by kernel launches). docs/results/h200-switch-sweep.json came from an earlier form of this
-script, whose kernel time summed CPU ranges too: use its images/s, not its kernel_ms_per_step.
+"""On a GPU: which switches make the step fastest? Times the gpu loader and the compute ceiling
+(bench's own paths) over switch combinations, and where the step's time goes (profiler: kernel
+time per step against wall time per step; kernels << wall means the step is bound by kernel
+launches). Reads the prepared data set of the current folder (data/dataset.pt: `fasttrain download`).
 
-Usage: python3 scripts/gpu_sweep.py PARAMS OUT.json CASE... where CASE is
+Usage: python3 scripts/gpu/sweep.py PARAMS OUT.json CASE... where CASE is
 BATCH:PRECISION:key=value,key=value: keys of train: (e.g. channels_last=true,compile=true), plus
   cudnn_limit=N        torch.backends.cudnn.benchmark_limit (cuDNN algorithms tried; 0: all; torch's default 10)
   inductor.NAME=VALUE  a torch._inductor.config setting (e.g. inductor.max_autotune_conv_backends=ATEN)
