@@ -4,15 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-PARALLELS := single dp ddp
-PRECISIONS := fp32 autocast amp bf16
-TRAIN_TARGETS := $(foreach p,$(PARALLELS),$(foreach q,$(PRECISIONS),train-$(p)-$(q)))
+# The variant names, read from their one home, src/fasttrain/layout.py (standard library only, so any
+# python3 reads it before `make setup`).
+VARIANTS := $(shell $(PYTHON) -c 'import runpy; print(*runpy.run_path("src/fasttrain/layout.py")["VARIANTS"])')
+TRAIN_TARGETS := $(addprefix train-,$(VARIANTS))
 
-.PHONY: help setup demo test repro fast bench compare metrics plots tensorboard clean $(TRAIN_TARGETS)
+.PHONY: help setup demo test test-harness repro fast bench compare metrics plots tensorboard clean $(TRAIN_TARGETS)
 
 help:  ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
-	@echo "train-<parallel>-<precision>	re-make one variant through DVC, e.g. make train-ddp-amp"
+	@echo "train-<parallel>-<precision>	one variant's training stage through DVC, if anything it reads changed (FORCE=1: always), e.g. make train-ddp-amp"
 
 setup: $(VENV)/.installed  ## a virtual environment with everything installed
 $(VENV)/.installed: pyproject.toml
@@ -31,12 +32,24 @@ demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, i
 test: setup  ## the test suite (unit + end-to-end), as CI runs it
 	$(VENV)/bin/python -m pytest -q
 
+test-harness: setup  ## CPU checks of the GPU-harness scripts in scripts/gpu/ (left out of `make test`)
+	$(VENV)/bin/python -m pytest -q -m harness
+
 repro: setup  ## the real pipeline with params.yaml
 	dvc repro
 
-$(TRAIN_TARGETS): train-%: setup  ## re-make one variant's training stage through DVC
+# Like any make target: nothing changed, nothing runs (DVC compares the stage's deps and params with
+# dvc.lock). FORCE=1 trains the variant again whatever changed; the data set is still made only if stale.
+$(TRAIN_TARGETS): train-%: setup
+ifdef FORCE
 	dvc repro download
 	dvc repro --force --single-item train@$*
+else
+	dvc repro train@$*
+endif
+
+train-%:  # any other name: say which ones there are
+	$(error unknown variant '$*': choose one of $(VARIANTS))
 
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
 	dvc exp run --temp $$($(VENV)/bin/python scripts/overlay.py --dvc-flags recipes/fast.yaml) \

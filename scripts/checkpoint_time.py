@@ -1,5 +1,5 @@
-"""Seconds to save one training checkpoint of AlexNet (weights + AdamW state, 685 MB), as `train`
-writes it, against the earlier way (the whole file built in memory first, then written).
+"""Seconds to save one training checkpoint of AlexNet (weights + AdamW state, 685 MB) as `train`
+writes it, streamed into the file, against the alternative: the whole file in memory, then written.
 
     python scripts/checkpoint_time.py [DIR] [--rounds N]
 
@@ -22,7 +22,7 @@ import torchvision
 from fasttrain import atomic, checkpoint
 
 
-def buffered(obj, path: Path) -> None:  # fasttrain before 7251d43
+def buffered(obj, path: Path) -> None:  # the alternative: the whole file in memory, then written
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic.atomic_write_bytes(path, buf.getvalue())
@@ -40,7 +40,7 @@ def main() -> None:
     obj = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         path = Path(d) / "last.pt"
-        ways = {"streamed (checkpoint.save)": checkpoint.save, "buffered in memory (before)": buffered}
+        ways = {"streamed (checkpoint.save)": checkpoint.save, "buffered in memory": buffered}
         seconds = {name: [] for name in ways}
         for _ in range(args.rounds):
             for name, save in ways.items():

@@ -6,26 +6,18 @@ The reference (``loaders.GpuLoader`` on the CPU, and on the GPU when Triton is m
 ``img_size`` in float32, then a cast to the autocast dtype. At batch 512 and 227 px that chain
 writes a 316 MB float32 batch and reads it back to cast it. Here each output value is computed
 once, from the four uint8 source pixels it needs (found through the sample's index, crop offsets
-and flip bit), in float32, and stored once in the output dtype and layout: the only large
-memory traffic left is that store. On H200s (batch 512, bf16, compiled; two runs on two hosts)
-the gpu loader went from 93.4% of the compute ceiling without it to 95.0% with it (README,
-"Results on the GPU machine").
+and flip bit), in float32, and stored once in the output dtype and layout: the only large memory
+traffic left is that store.
 
-That kernel computed every output value on its own: its sample, crop, flip and bilinear weights
-once per channel, with int64 division by the sizes. At about 80M values a batch that index
-arithmetic, not the 158 MB store, is the likely cost of the ~0.5 ms a step the gpu loader still
-took over the ceiling: compiled for sm_90 (Hopper) it was 166 instructions per output value
-(`scripts/kernel_sass.py`). A program now makes a block of pixels, each in all its channels, with
-the per-pixel work done once and in int32: 59 instructions per value. Benched alone on an H200
-(session 6, `docs/results/h200-s6/`), the gpu loader then reached 97.8% of the compute ceiling at
-batch 512, bf16, compiled (49,752 / 50,870 images/s) and 99.3% at batch 64, amp.
+A program makes a block of output pixels, each in all its channels, so the per-pixel work (sample,
+crop, flip, bilinear weights) is done once per pixel, not once per value, and in int32: at about
+80M values a batch, that index arithmetic, not the store, is what the kernel spends its
+instructions on (docs/loader-kernel.md counts them: scripts/gpu/kernel_sass.py).
 
 With train.pad_channels the output has 8 channels, the last 5 zero, so that cuDNN's channels_last
-bf16/fp16 convolutions find a multiple of 8 channels and skip the padding passes they otherwise
-run on every batch (4 a step, 0.7 ms of a 10.4 ms step at batch 512). Stored as eight 2-byte
-values 16 bytes apart, that output made the loader the bottleneck (49,636 against a ceiling of
-54,588 images/s, 91%); stored as one [BLOCK, 8] tile, a 16-byte vector per pixel, it is 53,831
-against 54,944 (98.0%).
+bf16/fp16 convolutions find a multiple of 8 channels and skip the padding passes they otherwise run
+on every batch (docs/pad-channels.md). The 8 values of a pixel are stored as one [BLOCK, 8] tile, a
+16-byte vector per pixel: eight separate 2-byte stores would make the loader the bottleneck.
 
 The arithmetic is PyTorch's bilinear ``align_corners=False`` (half-pixel centres, source index
 clamped at 0, lambdas from the truncated index) on the uint8 values, divided by 255 at the end;

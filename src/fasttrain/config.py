@@ -2,6 +2,7 @@
 
 Every key has a type and a range; an unknown key, a wrong type or a value out of range is a
 one-line FasttrainError before any output is touched, so a typo never trains the wrong thing.
+What each key means is documented once, in params.yaml's comments; here are its type, default and range.
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from fasttrain import batch_kernel
+from fasttrain.config import LOADERS  # the loader names: config.py validates data.loader against them
 from fasttrain.errors import FasttrainError
 
-LOADERS = ("gpu", "torchvision")
 CROP_PADDING_PX = 4  # zero padding at the source resolution before the random crop (CIFAR standard)
 CHUNK_BYTES = 256 * 2**20  # gpu loader: float32 output made at once (several batches when they are small)
 

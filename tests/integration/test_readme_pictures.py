@@ -69,7 +69,7 @@ def test_a_workspace_without_the_run_fails_in_one_line_and_writes_nothing(tiny_r
 
 
 def test_partial_draws_a_stopped_runs_curves_and_names_what_is_missing(tiny_repo, tmp_path):
-    """A run stopped after some variants (a device-time limit, say): --partial draws what it made."""
+    """A run stopped after some variants (by a time limit, say): --partial draws what it made."""
     fabricate_run(tiny_repo, seed=0)
     made = [v for v in VARIANTS if v.startswith("single-")]
     for variant in VARIANTS:

@@ -1,9 +1,9 @@
-"""Every bad input through the real command line (issue 4, test 8): one line naming the problem, a
-non-zero exit, and not one file created or changed.
+"""Every bad input through the real command line: one line naming the problem, a non-zero exit,
+and not one file created or changed.
 
 Each case runs `fasttrain.cli.main` (the console script's entry point) in-process, in a work folder
 holding a valid params.yaml, a prepared data set and earlier outputs; the case spoils one thing.
-In-process, so that "a GPU machine" can be one with monkeypatched `torch.cuda` and the whole table
+In-process, so that "a machine with GPUs" can be one with monkeypatched `torch.cuda` and the whole table
 runs in seconds.
 """
 

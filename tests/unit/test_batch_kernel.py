@@ -1,7 +1,7 @@
 """The fused gpu-loader kernel against the tensor-op chain it replaces.
 
 On a machine without a GPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set in
-a child pytest, since Triton reads it when the kernel is defined); on a GPU machine it runs for real.
+a child pytest, since Triton reads it when the kernel is defined); with a GPU it runs for real.
 """
 
 import os
