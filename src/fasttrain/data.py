@@ -119,7 +119,7 @@ def save_dataset(ds: Dataset, path: Path) -> None:
     obj = {"format": FORMAT, "train_images": ds.train_images.contiguous(), "train_labels": ds.train_labels,
            "test_images": ds.test_images.contiguous(), "test_labels": ds.test_labels,
            "classes": list(ds.classes), "source": ds.source}
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), "the prepared data set")
 
 
 def load_dataset(path: Path) -> Dataset:

@@ -278,10 +278,31 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     if rt.is_main:
         from torch.utils.tensorboard import SummaryWriter
 
+        folder = layout.tensorboard(run.variant)
         if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
-            shutil.rmtree(layout.tensorboard(run.variant), ignore_errors=True)
-        run.writer = SummaryWriter(str(layout.tensorboard(run.variant)), purge_step=run.state.global_step or None)
+            shutil.rmtree(folder, ignore_errors=True)
+        with atomic.disk_errors(folder, TENSORBOARD):
+            run.writer = _GuardedWriter(SummaryWriter(str(folder), purge_step=run.state.global_step or None), folder)
     return run
+
+
+TENSORBOARD = "the TensorBoard log"
+
+
+class _GuardedWriter:
+    """TensorBoard's SummaryWriter, whose full disk or refused permission (its writer thread's
+    OSError, raised again by the next call) ends as atomic.DiskError's one line."""
+
+    def __init__(self, writer, folder: Path):
+        self._writer, self._folder = writer, folder
+
+    def __getattr__(self, name):
+        method = getattr(self._writer, name)
+
+        def guarded(*args, **kwargs):
+            with atomic.disk_errors(self._folder, TENSORBOARD):
+                return method(*args, **kwargs)
+        return guarded
 
 
 def _resume(run: _Run, resume: Path | None) -> None:
@@ -426,6 +447,7 @@ def _log_epoch(run: _Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+        run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
 
 
 def _finish(run: _Run, wall_start: float) -> dict:
@@ -436,15 +458,17 @@ def _finish(run: _Run, wall_start: float) -> dict:
     metrics = _metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
     if rt.is_main:
         checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved, "classes": run.dataset.classes,
-                         "variant": run.variant}, run.layout.model(run.variant))
-        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history))
-        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics)
+                         "variant": run.variant}, run.layout.model(run.variant), "the final model")
+        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
+                                 "the per-epoch table")
+        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics, "the training metrics")
         hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
                    "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
                    **{k: v for k, v in config.to_dict(run.params)["train"].items() if k in HPARAM_KEYS},
                    "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
         run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
                                run_name=".")  # "." keeps the hparams in the variant's own run folder
+        run.writer.flush()
         run.writer.close()
     parallel.barrier(rt)
     return metrics

@@ -21,6 +21,7 @@ import torchvision
 from scratch import BIN, TINY, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
+from fasttrain.atomic import DiskError
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
@@ -156,7 +157,7 @@ def test_an_exception_inside_the_save_keeps_the_previous_checkpoint(tmp_path, mo
     target = {"write": ("fdopen", lambda *a, **k: HalfWritten(real_fdopen(*a, **k))),
               "fsync": ("fsync", boom), "replace": ("replace", boom)}[fail_in]
     monkeypatch.setattr(f"fasttrain.atomic.os.{target[0]}", target[1])
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DiskError, match="No space left"):
         checkpoint.save(_checkpoint(2), path)
     monkeypatch.undo()
 
