@@ -252,7 +252,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
     real_save, real_step = checkpoint.save, engine.train_step
     saved = []
     monkeypatch.setattr("fasttrain.train.checkpoint.save",
-                        lambda obj, path: (saved.append(obj.get("state", {}).get("epoch")), real_save(obj, path)))
+                        lambda obj, path, *what: (saved.append(obj.get("state", {}).get("epoch")),
+                                                  real_save(obj, path, *what)))
 
     def run(root: Path, fail_at_step: int | None = None, nan: bool = False):
         layout = Layout(root)
