@@ -10,7 +10,9 @@ import contextlib
 import csv
 import functools
 import io
+import os
 import random
+import re
 import resource
 import shutil
 import sys
@@ -197,6 +199,7 @@ class _Run:
     ckpt_path: Path
     step: Callable  # (x, y) -> (loss, grad norm) as device tensors: train_step, or its CUDA graphs
     stop: preemption.StopRequest
+    phase: str = "the warm-up at the real shapes, before the first epoch"  # where an out-of-memory happened
     state: TrainState = field(default_factory=TrainState)
     epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumes (state.epoch_steps)
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
@@ -225,8 +228,9 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     with preemption.stop_on_signals(rt) as stop:  # SIGTERM/SIGUSR1: a checkpoint at the step, exit 75
         run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume, stop)
         progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
-        with nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext():
-            _warm_up(run)  # compile and CUDA-graph capture, outside the timed epochs
+        with (nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext(),
+              _out_of_memory_explained(run)):
+            _warm_up(run)  # compile, CUDA-graph capture or one eager step at every shape: before the epochs
             for epoch in range(run.state.epoch, run.cfg.epochs):
                 steps, seconds = _train_epoch(run, epoch, progress)
                 whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
@@ -331,7 +335,9 @@ def _resume(run: _Run, resume: Path | None) -> None:
 
 def _warm_up(run: _Run) -> None:
     """Compile (train.compile) and capture the CUDA graphs (train.cuda_graphs) for every batch shape
-    training will meet: the full and the short last batch, at each training resolution."""
+    training will meet: the full and the short last batch, at each training resolution. An eager
+    step on a GPU runs them once too (forward and backward, then undone), so a batch that does not
+    fit fails here, before the first epoch, and not minutes into it."""
     cfg, t, dataset = run.cfg, run.t, run.dataset
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
@@ -346,12 +352,45 @@ def _warm_up(run: _Run) -> None:
         run.setup_seconds["capture"] = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
                 f"in {run.setup_seconds['capture']:.1f} s")
+    elif not cfg.compile and run.rt.device.type == "cuda":
+        for size in train_sizes(cfg):
+            warm_up(t, run.precision, [run.per_rank_batch, last], size, *shape_args)
+    run.phase = "training"
+
+
+@contextlib.contextmanager
+def _out_of_memory_explained(run: _Run):
+    """torch.OutOfMemoryError as one line: what ran, at which shapes, the device's memory, what was
+    asked, and what to change. Under ddp the failed rank exits; torchrun's agent then stops the
+    others (SIGTERM, SIGKILL after 30 s), so none waits on it in a collective."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        raise FasttrainError(out_of_memory_message(run, e)) from None
+
+
+def out_of_memory_message(run: _Run, e: BaseException) -> str:
+    cfg, rt = run.cfg, run.rt
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(e))
+    if rt.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(rt.device)
+        memory = f"{rt.device_name} has {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free now)"
+    else:
+        memory = f"the CPU has {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
+    per = f" ({run.per_rank_batch} per process)" if rt.world_size > 1 else ""
+    change = ("evaluate.batch_size" if run.phase.startswith("evaluation") else
+              "train.batch_size, train.img_size" + (", train.progressive_size" if cfg.progressive_epochs else ""))
+    half = "" if run.precision.compute_dtype != torch.float32 else ", or a half precision (bf16, amp)"
+    return (f"{run.variant}: out of memory in {run.phase}: train.batch_size {cfg.batch_size}{per}, "
+            f"img_size {cfg.img_size} px, precision {run.precision.name}; {memory}, and "
+            f"{'asked for ' + asked.group(1) if asked else 'asked for more'}: use a smaller {change}{half}")
 
 
 def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
     """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
     loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
     loader.set_epoch(epoch)
+    run.phase = f"epoch {epoch + 1}"
     if run.cfg.progressive_epochs:  # (the gpu loader: check_train)
         loader.set_img_size(train_size(run.cfg, epoch))
     run.t.net.train()
@@ -397,6 +436,7 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
     state.skipped_steps += skip
     epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
     eval_start = time.perf_counter()
+    run.phase = f"evaluation after epoch {epoch + 1} (evaluate.batch_size {run.params.evaluate.batch_size})"
     accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
                               run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
     eval_seconds = time.perf_counter() - eval_start

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scratch import run
+from scratch import run, set_params
 from test_resume import assert_same_state, final_model, per_epoch, scratch_repo, train_metrics
 
 from fasttrain import checkpoint
@@ -98,3 +98,59 @@ def test_sigterm_during_a_save_finishes_the_save_then_stops(tmp_path):
     saved = checkpoint.load(path)
     assert saved["marker"] == 2 and torch.equal(saved["model"]["w"], torch.full((2**22,), 2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+# --- out of memory -----------------------------------------------------------------------------
+
+def test_out_of_memory_in_the_step_is_one_line_naming_the_shapes_and_what_to_change(tmp_path, monkeypatch):
+    from fasttrain import config, parallel
+    from fasttrain.data import make_synthetic, save_dataset
+    from fasttrain.errors import FasttrainError
+    from fasttrain.layout import Layout
+    from fasttrain.precision import PRECISIONS
+    from fasttrain.train import train
+    from scratch import TINY
+
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "device": "cpu"}})
+
+    def step(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                     "capacity of 139.80 GiB of which 1.00 GiB is free.")
+
+    monkeypatch.setattr("fasttrain.train.train_step", step)
+    with pytest.raises(FasttrainError) as e:
+        train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=lambda m: None)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("single-fp32: out of memory in epoch 1: train.batch_size 32, img_size 32 px, "
+                          "precision fp32; the CPU has "), msg
+    assert msg.endswith("and asked for 2.00 GiB: use a smaller train.batch_size, train.img_size, "
+                        "or a half precision (bf16, amp)"), msg
+    assert not layout.model("single-fp32").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_batch_that_cannot_fit_fails_before_the_first_epoch_and_frees_its_gpu(tmp_path, monkeypatch):
+    """AlexNet at 512 px, 16,384 images a step: a 51 GB input batch and far more activations."""
+    from fasttrain import lease
+
+    repo = scratch_repo(tmp_path / "repo", {
+        "data": {"synthetic_train_size": 16384}, "model": {"name": "alexnet"},
+        "train": {"batch_size": 16384, "img_size": 512, "device": "auto"}})
+    run(["fasttrain", "download"], repo)
+    for graphs in (True, False):  # the graph capture's warm-up, and the eager path's
+        set_params(repo, {"train": {"cuda_graphs": graphs}})
+        failed = _train(repo, "single", check=False)
+        assert failed.returncode == 1, failed.stderr[-3000:]
+        last = failed.stderr.strip().splitlines()[-1]
+        assert last.startswith("fasttrain: error: single-fp32: out of memory in the warm-up at the real shapes, "
+                               "before the first epoch: train.batch_size 16384, img_size 512 px, precision fp32; "), last
+        assert "GiB" in last and "use a smaller train.batch_size" in last and "Traceback" not in failed.stderr
+        assert "epoch 1/1" not in failed.stderr
+        print(last)
+    monkeypatch.setenv("FASTTRAIN_LEASE_TIMEOUT", "0")  # the lease ended with the process: free at once
+    lease.hold(1).release()
