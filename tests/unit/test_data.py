@@ -6,6 +6,7 @@ from a local http.server through torchvision's own download code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -98,30 +99,31 @@ class _CuttingHandler(_QuietHandler):
         self.close_connection = True
 
 
-def _serve(root: Path, handler):
+@contextlib.contextmanager
+def _serving(root: Path, handler):
+    """(folder, base URL) of an HTTP server on 127.0.0.1 serving that folder with `handler`."""
     root.mkdir(exist_ok=True)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    return server
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
 def http_root(tmp_path):
-    """(folder, base URL) of an HTTP server on 127.0.0.1 serving that folder."""
-    server = _serve(tmp_path / "www", _QuietHandler)
-    yield tmp_path / "www", f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with _serving(tmp_path / "www", _QuietHandler) as served:
+        yield served
 
 
 @pytest.fixture
 def cutting_http_root(tmp_path):
-    """The same, but every file is cut off half-way."""
-    server = _serve(tmp_path / "www", _CuttingHandler)
-    yield tmp_path / "www", f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    """The same folder, but every file is cut off half-way."""
+    with _serving(tmp_path / "www", _CuttingHandler) as served:
+        yield served
 
 
 @pytest.fixture
