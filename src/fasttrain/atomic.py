@@ -5,17 +5,72 @@ No torch here, so light stages (compare) start fast.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from fasttrain.errors import FasttrainError
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+
+# A full disk, a quota, a refused permission, a read-only filesystem: the machine's fault, told in one line.
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG})
+
+
+def disk_error(e: BaseException) -> OSError | None:
+    """The OSError of DISK_ERRORS behind `e`, if any: torch.save reports a failed write as a
+    RuntimeError of its zip writer, with the OSError as its context."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_ERRORS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def free_space(path: Path) -> str:
+    """Free space on the filesystem that holds `path` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.1f} MB free"
+    except OSError:
+        return "free space unknown"
+
+
+class DiskError(FasttrainError):
+    """Writing an output failed for want of space or permission: one line, naming it."""
+
+
+@contextlib.contextmanager
+def disk_errors(path: Path, what: str):
+    """Turns a full disk or a refused permission while writing `what` to `path` into one line."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (torch.save wraps the OSError in a RuntimeError)
+        os_error = disk_error(e)
+        if os_error is None:
+            raise
+        raise DiskError(f"could not write {what} to {path}: {os_error.strerror} (errno {errno.errorcode.get(os_error.errno, os_error.errno)}); "
+                        f"{free_space(path)} there; earlier files are unchanged") from None
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "a file") -> None:
     """`write(f)` into a temporary file in the same folder, flush + fsync, then os.replace: the old
-    file or the new one, never a partial one, under `path`."""
+    file or the new one, never a partial one, under `path`. A full disk or a refused permission is
+    a one-line DiskError naming `what`, `path` and the free space; the temporary file is removed."""
     path = Path(path)
+    with disk_errors(path, what):
+        _atomic_write(path, write)
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -35,8 +90,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.close(dir_fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: Path, data: bytes, what: str = "a file") -> None:
+    atomic_write(path, lambda f: f.write(data), what)
 
 
 def _umask() -> int:
@@ -45,9 +100,9 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: Path, text: str, what: str = "a file") -> None:
+    atomic_write_bytes(path, text.encode(), what)
 
 
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def atomic_write_json(path: Path, obj, what: str = "a file") -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", what)

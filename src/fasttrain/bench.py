@@ -274,6 +274,6 @@ def main(cases, params_path, warmup_steps, min_steps, min_seconds, rounds, matmu
     result = bench(config.load(params_path), parsed, Layout(), warmup_steps=warmup_steps, min_steps=min_steps,
                    min_seconds=min_seconds, matmul_size=matmul_size, rounds=rounds)
     markdown = to_markdown(result)
-    atomic.atomic_write_json(out, result)
-    atomic.atomic_write_text(str(out).removesuffix(".json") + ".md", markdown)
+    atomic.atomic_write_json(out, result, "the benchmark's results")
+    atomic.atomic_write_text(str(out).removesuffix(".json") + ".md", markdown, "the benchmark's table")
     click.echo(markdown)

@@ -8,18 +8,20 @@ from pathlib import Path
 
 import torch
 
-from fasttrain.atomic import atomic_write
+from fasttrain.atomic import atomic_write, disk_errors
 from fasttrain.errors import FasttrainError
 
 
-def save(obj, path: Path) -> None:
+def save(obj, path: Path, what: str = "a training checkpoint") -> None:
     """Atomically, through a `.<name>.*.tmp` sibling. A SIGKILL or power cut mid-write can leave such
     a temporary file behind (never a partial file under the real name); the next save of the same
-    path removes it. One writer per path is assumed: rank 0 of the one run of a variant."""
+    path removes it. One writer per path is assumed: rank 0 of the one run of a variant. A full
+    disk or a refused permission is a one-line DiskError naming `what`."""
     path = Path(path)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        stale.unlink(missing_ok=True)
-    atomic_write(path, lambda f: torch.save(obj, f))  # streamed: no in-memory copy of the whole file
+    with disk_errors(path, what):
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            stale.unlink(missing_ok=True)
+    atomic_write(path, lambda f: torch.save(obj, f), what)  # streamed: no in-memory copy of the whole file
 
 
 def load(path: Path, map_location="cpu") -> dict:

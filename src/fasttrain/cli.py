@@ -9,7 +9,7 @@ import sys
 import click
 
 from fasttrain import __version__
-from fasttrain.errors import FasttrainError
+from fasttrain.errors import FasttrainError, Preempted
 
 COMMANDS = {  # name -> module whose `main` is the click command
     "download": "fasttrain.download",
@@ -49,12 +49,13 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Every user error ends as one line on stderr and a non-zero exit, never a traceback."""
+    """Every user error ends as one line on stderr and a non-zero exit, never a traceback; a run
+    stopped by SIGTERM/SIGUSR1 after its checkpoint exits 75 (EX_TEMPFAIL: requeue it)."""
     try:
         cli.main(args=argv, prog_name="fasttrain", standalone_mode=False)
     except FasttrainError as e:
-        click.echo(f"fasttrain: error: {e}", err=True)
-        sys.exit(1)
+        click.echo(f"fasttrain: {'stopped' if isinstance(e, Preempted) else 'error'}: {e}", err=True)
+        sys.exit(e.exit_status)
     except click.exceptions.Abort:
         click.echo("fasttrain: aborted", err=True)
         sys.exit(130)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import functools
 import gzip
+import http.client
 import io
 import lzma
 import math
@@ -27,14 +28,14 @@ import numpy as np
 import torch
 import torchvision
 from PIL import Image, UnidentifiedImageError
-from torchvision.datasets.utils import calculate_md5, download_url
+from torchvision.datasets.utils import calculate_md5, check_integrity, download_url
 
 try:  # deprecated since torchvision 0.29 (moving to TorchCodec); PIL alone still works when it is gone
     from torchvision.io import ImageReadMode, decode_image
 except ImportError:  # pragma: no cover
     decode_image = None
 
-from fasttrain.atomic import atomic_write
+from fasttrain.atomic import atomic_write, disk_errors
 from fasttrain.errors import FasttrainError
 
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"  # official cifar-10-python.tar.gz
@@ -119,7 +120,7 @@ def save_dataset(ds: Dataset, path: Path) -> None:
     obj = {"format": FORMAT, "train_images": ds.train_images.contiguous(), "train_labels": ds.train_labels,
            "test_images": ds.test_images.contiguous(), "test_labels": ds.test_labels,
            "classes": list(ds.classes), "source": ds.source}
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), "the prepared data set")
 
 
 def load_dataset(path: Path) -> Dataset:
@@ -164,18 +165,29 @@ def _dataset_problem(obj) -> str | None:
 # --- download and archives ---------------------------------------------------------------------
 
 def _download(url: str, raw_dir: Path, filename: str, md5: str) -> Path:
-    """torchvision's download_url: progress bar, skipped when a file with the right md5 is there."""
-    path = Path(raw_dir) / filename
+    """torchvision's download_url (its progress bar) into a `.<name>.part` file, renamed once its
+    md5 is right: a connection cut mid-file leaves nothing a later run takes for complete, and that
+    run fetches the file again. A file with the right md5 already there is reused."""
+    raw_dir = Path(raw_dir)
+    path, part = raw_dir / filename, raw_dir / f".{filename}.part"
+    if path.is_file() and check_integrity(str(path), md5):
+        return path
     try:
-        download_url(url, str(raw_dir), filename, md5=md5)
+        with disk_errors(part, f"the download of {url}"):
+            download_url(url, str(raw_dir), part.name, md5=md5)
+            os.replace(part, path)
     except RuntimeError as e:
-        if path.is_file() and "corrupted" in str(e):  # torchvision's wording for an md5 mismatch
-            got = calculate_md5(path)
-            path.unlink()  # what we just fetched is not what was asked for: keep nothing of it
-            raise FasttrainError(_md5_mismatch(url, md5, got)) from None
+        if part.is_file() and "corrupted" in str(e):  # torchvision's wording for an md5 mismatch
+            got = calculate_md5(part)  # (a connection cut mid-file reads as a short file, so it ends here too)
+            raise FasttrainError(f"{_md5_mismatch(url, md5, got)}; the {part.stat().st_size:,} bytes fetched "
+                                 f"were not kept (a connection cut mid-file gives this too): the next run "
+                                 f"fetches it again") from None
         raise FasttrainError(f"could not download {url}: {_one_line(e)}") from None
-    except OSError as e:  # URLError, HTTPError, connection refused, ...
-        raise FasttrainError(f"could not download {url}: {_one_line(e)}") from None
+    except (OSError, http.client.HTTPException) as e:  # refused, reset, cut mid-file (IncompleteRead), ...
+        raise FasttrainError(f"could not download {url}: {_one_line(e)}; nothing of it was kept, so the next "
+                             f"run fetches it again") from None
+    finally:
+        part.unlink(missing_ok=True)  # what we fetched is not what was asked for: keep nothing of it
     return path
 
 

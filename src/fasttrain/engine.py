@@ -111,6 +111,33 @@ class StepLog:
             self.batch_sizes.append(images)
         self.steps += 1
 
+    def state_dict(self) -> dict:
+        """The steps so far, on the host: a checkpoint written mid-epoch carries them, so the resumed
+        epoch's loss, skipped steps and per-step scalars are the uninterrupted run's."""
+        n = self.steps
+
+        def host(t):
+            return None if t is None else t[:n].cpu()
+        return {"steps": n, "losses": host(self.losses), "grad_norms": host(self.grad_norms),
+                "scales": host(self.scales), "start_scale": self.start_scale, "batch_sizes": list(self.batch_sizes),
+                "lrs": host(self.lrs) if isinstance(self.lrs, torch.Tensor) else list(self.lrs)}
+
+    def load_state_dict(self, d: dict) -> None:
+        n = self.steps = d["steps"]
+        self.losses[:n].copy_(d["losses"])
+        if d["grad_norms"] is not None:
+            self.grad_norms = torch.zeros_like(self.losses)
+            self.grad_norms[:n].copy_(d["grad_norms"])
+        if self.scales is not None:
+            self.scales[:n].copy_(d["scales"])
+            self.start_scale = d["start_scale"]
+        self.batch_sizes = list(d["batch_sizes"])
+        if isinstance(d["lrs"], torch.Tensor):
+            self.lrs = torch.zeros_like(self.losses)
+            self.lrs[:n].copy_(d["lrs"])
+        else:
+            self.lrs = list(d["lrs"])
+
     def summary(self) -> dict:
         """Host values for the epoch."""
         n = self.steps

@@ -1,6 +1,15 @@
-"""The one exception type users see: a one-line message, a non-zero exit, no traceback."""
+"""The exception types users see: a one-line message, a non-zero exit, no traceback."""
 
 
 class FasttrainError(Exception):
     """Bad input or a failed precondition. The message is one line naming the problem and,
     where there is a closed set, the valid choices."""
+
+    exit_status = 1
+
+
+class Preempted(FasttrainError):
+    """Stopped by SIGTERM/SIGUSR1 after writing a checkpoint at the step it stopped: run the same
+    command again to resume. Its exit status (EX_TEMPFAIL) tells a scheduler to requeue."""
+
+    exit_status = 75  # preemption.EXIT_PREEMPTED

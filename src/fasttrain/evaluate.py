@@ -97,8 +97,9 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
         "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,
     }
     if rt.is_main:
-        atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes))
-        atomic.atomic_write_json(layout.eval_metrics(variant), metrics)
+        atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes),
+                                 "the confusion matrix")
+        atomic.atomic_write_json(layout.eval_metrics(variant), metrics, "the evaluation metrics")
     parallel.barrier(rt)
     return metrics
 

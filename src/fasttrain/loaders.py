@@ -52,6 +52,7 @@ class Loader(Protocol):
 
     def set_epoch(self, epoch: int) -> None: ...
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def iter_from(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
 
 
@@ -228,12 +229,18 @@ class GpuLoader:
         return math.ceil(self.num_samples / self.batch_size)
 
     def __iter__(self):
+        return self.iter_from(0)
+
+    def iter_from(self, step: int):
+        """The epoch's batches from batch `step` (0-based) on: a run resumed mid-epoch gets the
+        very batches the uninterrupted one did (same chunks, so the same values)."""
         order, b = self._order, self.batch_size
         # Several batches are gathered, augmented, converted and resized by one set of ops, then
         # handed out as views: at small batches the step is bound by kernel launches, and a loader
         # that launches half a dozen kernels per batch would cost a tenth of the throughput.
         per_chunk = max(1, CHUNK_BYTES // (b * self.channels * 4 * self.img_size**2)) * b
-        for start in range(0, self.num_samples, per_chunk):
+        first = step * b
+        for start in range(first - first % per_chunk, self.num_samples, per_chunk):
             part = order[:, start:start + per_chunk]  # views: no host work, no sync
             idx = part[0]
             if self.fused:  # one kernel, one write of the output (batch_kernel.py)
@@ -247,7 +254,7 @@ class GpuLoader:
                 x = pad_channels(to_float_resized(x, self.img_size, self.channels_last, self.dtype),
                                  self.channels, self.channels_last)
             y = self.labels.index_select(0, idx)
-            for i in range(0, idx.shape[0], b):
+            for i in range(max(0, first - start), idx.shape[0], b):
                 yield x[i:i + b], y[i:i + b]  # a slice along the batch keeps channels_last
             del x, y  # the next chunk may take this one's memory
 
@@ -307,6 +314,18 @@ class TorchvisionLoader:
         return len(self.loader)
 
     def __iter__(self):
-        for x, y in self.loader:
+        return self.iter_from(0)
+
+    def iter_from(self, step: int):
+        """From batch `step` on: the sampler's order from there, through a DataLoader made for it.
+        Bit-identical to the uninterrupted epoch with workers: 0 (the augmentation draws from the
+        global RNG, which the checkpoint restores); with workers, their seeds differ."""
+        loader = self.loader
+        if step:
+            start = step * self.loader.batch_size
+            loader = torch.utils.data.DataLoader(
+                self.loader.dataset, batch_size=self.loader.batch_size, sampler=list(self.sampler)[start:],
+                num_workers=self.loader.num_workers, pin_memory=self.loader.pin_memory)
+        for x, y in loader:
             yield (x.to(self.device, non_blocking=True, memory_format=self.memory_format),
                    y.to(self.device, non_blocking=True))

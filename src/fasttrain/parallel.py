@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fasttrain import lease
-from fasttrain.errors import FasttrainError
+from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.layout import PARALLELS
 
 
@@ -61,6 +61,9 @@ class Runtime:
 
 
 LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by `launch` for its workers
+# torchrun's agent passes the signals it handles on to its workers, then waits for them (30 s, then
+# SIGKILL); SIGUSR1 (SLURM's --signal) is not among its defaults, and would kill the launcher outright.
+HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 # Site settings, not recipe: they never change a result, so they are environment variables, not params
 # (a param would show in dvc.lock and re-run the stage whenever a job lands on other hosts).
@@ -186,7 +189,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
 
     args = get_args_parser().parse_args([
         *rdzv, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "--monitor-interval=0.5", "--module", "fasttrain", *module_argv,
+        "--monitor-interval=0.5", f"--signals-to-handle={HANDLED_SIGNALS}", "--module", "fasttrain", *module_argv,
     ])
     # torchrun would set 1 thread per worker and print a banner saying so; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -199,11 +202,18 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
         run(args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode == Preempted.exit_status:  # the workers were signalled, not the launcher
+            raise Preempted(f"ddp workers stopped by a signal after their checkpoint: run the same "
+                            f"command again to resume (exit {Preempted.exit_status})") from None
         raise FasttrainError(f"ddp worker rank {rank} failed with exit code {failure.exitcode} "
                              f"after {max_restarts} restart(s); see its output above") from None
     except SignalException as e:  # the agent stopped its workers; Ctrl-C ends like any interrupt
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
+        if e.sigval in (signal.SIGTERM, signal.SIGUSR1):  # the workers checkpoint at an agreed step
+            raise Preempted(f"ddp run stopped by {e.sigval.name}: its workers were passed it, to save a "
+                            f"checkpoint at the step they agree on (torchrun waits 30 s for them); run the "
+                            f"same command again to resume (exit {Preempted.exit_status})") from None
         raise FasttrainError(f"ddp run stopped by signal {e.sigval.name}; its workers were stopped too") from None
     except Exception as e:  # noqa: BLE001 (the rendezvous: RendezvousTimeoutError, ...ClosedError, a refused connection)
         raise FasttrainError(f"ddp rendezvous failed ({type(e).__name__}: {_first_line(e)}); "
@@ -435,16 +445,31 @@ def _fault_spec() -> tuple[int, int, int, bool] | None:
     return int(rank), int(at_epoch), int(at_step), first_attempt or always == ["always"]
 
 
+@functools.cache
+def _signal_spec() -> tuple[signal.Signals, int, int, int] | None:
+    spec = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
+    if not spec:
+        return None
+    name, rank, at_epoch, at_step = spec.split(":")
+    return signal.Signals[name], int(rank), int(at_epoch), int(at_step)
+
+
 def inject_fault(rt: Runtime, epoch: int, step: int) -> None:
-    """Test hook, for the restart tests only (no param: it must never be set by accident).
+    """Test hooks, for the restart and preemption tests only (no param: never set by accident).
 
     FASTTRAIN_FAULT_KILL_RANK_AT="<rank>:<epoch>:<step>" makes that rank SIGKILL itself at that
     1-based epoch and step, on torchrun's first attempt only; a fourth field "always" kills it on
-    every attempt, so the restart budget runs out. Read once per process: this runs every step.
+    every attempt, so the restart budget runs out.
+    FASTTRAIN_FAULT_SIGNAL_AT="<SIGNAL>:<rank>:<epoch>:<step>" makes that rank send the signal, just
+    before that step, to the process a scheduler would signal: the launcher under `fasttrain train
+    --parallel ddp`, else itself. Read once per process: this runs every step.
     """
     spec = _fault_spec()
     if spec is not None and spec[3] and spec[:3] == (rt.rank, epoch, step):
         os.kill(os.getpid(), signal.SIGKILL)
+    sig = _signal_spec()
+    if sig is not None and sig[1:] == (rt.rank, epoch, step):
+        os.kill(int(os.environ.get(LAUNCHER_PID, os.getpid())), sig[0])
 
 
 def teardown(rt: Runtime) -> None:

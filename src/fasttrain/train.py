@@ -10,7 +10,9 @@ import contextlib
 import csv
 import functools
 import io
+import os
 import random
+import re
 import resource
 import shutil
 import sys
@@ -22,9 +24,9 @@ from typing import Callable
 import click
 import torch
 
-from fasttrain import atomic, checkpoint, config, graphs, parallel
+from fasttrain import atomic, checkpoint, config, graphs, parallel, preemption
 from fasttrain.data import Dataset, load_dataset
-from fasttrain.errors import FasttrainError
+from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, input_channels, input_dtype,
@@ -141,15 +143,19 @@ class TrainState:
     global_step: int = 0
     history: list[EpochRecord] = field(default_factory=list)
     skipped_steps: int = 0
+    epoch_steps: int = 0  # steps done of epoch `epoch` + 1 (a checkpoint written on SIGTERM, mid-epoch)
+    epoch_seconds: float = 0.0  # and the seconds they took
 
 
 def _state_to_dict(state: TrainState) -> dict:
     return {"epoch": state.epoch, "global_step": state.global_step, "skipped_steps": state.skipped_steps,
-            "history": [vars(r) for r in state.history]}
+            "history": [vars(r) for r in state.history], "epoch_steps": state.epoch_steps,
+            "epoch_seconds": state.epoch_seconds}
 
 
 def _state_from_dict(d: dict) -> TrainState:
-    return TrainState(d["epoch"], d["global_step"], [EpochRecord(**r) for r in d["history"]], d["skipped_steps"])
+    return TrainState(d["epoch"], d["global_step"], [EpochRecord(**r) for r in d["history"]], d["skipped_steps"],
+                      d.get("epoch_steps", 0), d.get("epoch_seconds", 0.0))
 
 
 def checkpoint_to_resume(path: Path, digest: str, rt: parallel.Runtime, explicit: bool) -> dict | None:
@@ -194,7 +200,10 @@ class _Run:
     digest: str
     ckpt_path: Path
     step: Callable  # (x, y) -> (loss, grad norm) as device tensors: train_step, or its CUDA graphs
+    stop: preemption.StopRequest
+    phase: str = "the warm-up at the real shapes, before the first epoch"  # where an out-of-memory happened
     state: TrainState = field(default_factory=TrainState)
+    epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumes (state.epoch_steps)
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
     saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
     setup_seconds: dict = field(default_factory=dict)  # compile and capture, reported apart
@@ -218,20 +227,31 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     and the metrics (rank 0 only). Resumes from `resume`, or else from the variant's unfinished
     last checkpoint. Returns the metrics."""
     wall_start = time.perf_counter()
-    run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume)
-    progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
-    with nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext():
-        _warm_up(run)  # compile and CUDA-graph capture, outside the timed epochs
-        for epoch in range(run.state.epoch, run.cfg.epochs):
-            steps, seconds = _train_epoch(run, epoch, progress)
-            record = _end_epoch(run, epoch, steps, seconds)
-            _log_epoch(run, record)
-            if run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
-                _save_checkpoint(run)
-    return _finish(run, wall_start)
+    with preemption.stop_on_signals(rt) as stop:  # SIGTERM/SIGUSR1: a checkpoint at the step, exit 75
+        run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume, stop)
+        progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
+        with (nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext(),
+              _out_of_memory_explained(run)):
+            _warm_up(run)  # compile, CUDA-graph capture or one eager step at every shape: before the epochs
+            for epoch in range(run.state.epoch, run.cfg.epochs):
+                steps, seconds = _train_epoch(run, epoch, progress)
+                whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
+                if whole:
+                    _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
+                if stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
+                    _save_checkpoint(run, None if whole else (steps, seconds))
+                if stop.stopping and run.state.epoch < run.cfg.epochs:
+                    raise _preempted(run, epoch, steps.steps if not whole else 0)
+        return _finish(run, wall_start)
 
 
-def _prepare(params, precision, rt, layout, log, resume) -> _Run:
+def _preempted(run: _Run, epoch: int, steps: int) -> Preempted:
+    at = f"epoch {epoch + 1}, step {steps}" if steps else f"the end of epoch {epoch + 1}"
+    return Preempted(f"{run.variant} stopped by {run.stop.name} at {at}; checkpoint {run.ckpt_path}: "
+                     f"run the same command again to resume (exit {preemption.EXIT_PREEMPTED})")
+
+
+def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     """Data, model, optimizer, loaders and scheduler; the checkpoint resumed, if any."""
     cfg = params.train
     dataset = load_dataset(layout.dataset)
@@ -259,15 +279,36 @@ def _prepare(params, precision, rt, layout, log, resume) -> _Run:
             else lambda x, y: train_step(t, precision, x, y))
     run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
                make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, config.config_hash(resolved),
-               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}") / "last.pt", step)
+               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}") / "last.pt", step, stop)
     _resume(run, resume)
     if rt.is_main:
         from torch.utils.tensorboard import SummaryWriter
 
+        folder = layout.tensorboard(run.variant)
         if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
-            shutil.rmtree(layout.tensorboard(run.variant), ignore_errors=True)
-        run.writer = SummaryWriter(str(layout.tensorboard(run.variant)), purge_step=run.state.global_step or None)
+            shutil.rmtree(folder, ignore_errors=True)
+        with atomic.disk_errors(folder, TENSORBOARD):
+            run.writer = _GuardedWriter(SummaryWriter(str(folder), purge_step=run.state.global_step or None), folder)
     return run
+
+
+TENSORBOARD = "the TensorBoard log"
+
+
+class _GuardedWriter:
+    """TensorBoard's SummaryWriter, whose full disk or refused permission (its writer thread's
+    OSError, raised again by the next call) ends as atomic.DiskError's one line."""
+
+    def __init__(self, writer, folder: Path):
+        self._writer, self._folder = writer, folder
+
+    def __getattr__(self, name):
+        method = getattr(self._writer, name)
+
+        def guarded(*args, **kwargs):
+            with atomic.disk_errors(self._folder, TENSORBOARD):
+                return method(*args, **kwargs)
+        return guarded
 
 
 def _resume(run: _Run, resume: Path | None) -> None:
@@ -288,12 +329,17 @@ def _resume(run: _Run, resume: Path | None) -> None:
     run.state = _state_from_dict(ckpt["state"])
     run.saved_epoch = run.state.epoch
     set_rng_state(ckpt["rng"][run.rt.rank])
-    run.log(f"{run.variant}: resuming from {resume_from} after epoch {run.state.epoch}")
+    if run.state.epoch_steps:
+        run.epoch_log = ckpt["epoch_logs"][run.rt.rank]
+    mid = f" and {run.state.epoch_steps} step(s) of epoch {run.state.epoch + 1}" if run.state.epoch_steps else ""
+    run.log(f"{run.variant}: resuming from {resume_from} after epoch {run.state.epoch}{mid}")
 
 
 def _warm_up(run: _Run) -> None:
     """Compile (train.compile) and capture the CUDA graphs (train.cuda_graphs) for every batch shape
-    training will meet: the full and the short last batch, at each training resolution."""
+    training will meet: the full and the short last batch, at each training resolution. An eager
+    step on a GPU runs them once too (forward and backward, then undone), so a batch that does not
+    fit fails here, before the first epoch, and not minutes into it."""
     cfg, t, dataset = run.cfg, run.t, run.dataset
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
@@ -308,20 +354,57 @@ def _warm_up(run: _Run) -> None:
         run.setup_seconds["capture"] = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
                 f"in {run.setup_seconds['capture']:.1f} s")
+    elif not cfg.compile and run.rt.device.type == "cuda":
+        for size in train_sizes(cfg):
+            warm_up(t, run.precision, [run.per_rank_batch, last], size, *shape_args)
+    run.phase = "training"
+
+
+@contextlib.contextmanager
+def _out_of_memory_explained(run: _Run):
+    """torch.OutOfMemoryError as one line: what ran, at which shapes, the device's memory, what was
+    asked, and what to change. Under ddp the failed rank exits; torchrun's agent then stops the
+    others (SIGTERM, SIGKILL after 30 s), so none waits on it in a collective."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        raise FasttrainError(out_of_memory_message(run, e)) from None
+
+
+def out_of_memory_message(run: _Run, e: BaseException) -> str:
+    cfg, rt = run.cfg, run.rt
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(e))
+    if rt.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(rt.device)
+        memory = f"{rt.device_name} has {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free now)"
+    else:
+        memory = f"the CPU has {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
+    per = f" ({run.per_rank_batch} per process)" if rt.world_size > 1 else ""
+    change = ("evaluate.batch_size" if run.phase.startswith("evaluation") else
+              "train.batch_size, train.img_size" + (", train.progressive_size" if cfg.progressive_epochs else ""))
+    half = "" if run.precision.compute_dtype != torch.float32 else ", or a half precision (bf16, amp)"
+    return (f"{run.variant}: out of memory in {run.phase}: train.batch_size {cfg.batch_size}{per}, "
+            f"img_size {cfg.img_size} px, precision {run.precision.name}; {memory}, and "
+            f"{'asked for ' + asked.group(1) if asked else 'asked for more'}: use a smaller {change}{half}")
 
 
 def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
     """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
     loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
     loader.set_epoch(epoch)
+    run.phase = f"epoch {epoch + 1}"
     if run.cfg.progressive_epochs:  # (the gpu loader: check_train)
         loader.set_img_size(train_size(run.cfg, epoch))
     run.t.net.train()
     steps = StepLog(len(loader), rt.device, run.t.scaler)
+    first, seconds_before = run.state.epoch_steps, run.state.epoch_seconds  # resumed mid-epoch, else 0
+    if first:
+        steps.load_state_dict(run.epoch_log)
+        run.state.epoch_steps, run.state.epoch_seconds, run.epoch_log = 0, 0.0, None
     progress.start_epoch(epoch)
     synchronize(rt.device)
     start = time.perf_counter()
-    for step, (x, y) in enumerate(loader):
+    for step, (x, y) in enumerate(loader.iter_from(first), start=first):
         parallel.inject_fault(rt, epoch + 1, step + 1)
         loss, grad_norm = run.step(x, y)
         # copied on the device at once: a .item() per step would stall the GPU queue, and a graph's
@@ -330,8 +413,10 @@ def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, fl
         if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
             scheduler.step()
         progress.step(y.shape[0] * rt.world_size, loss)  # read at once, and only when a refresh is due
+        if run.stop.agreed(step + 1, last=step + 1 == len(loader)):  # a host flag; see preemption.py
+            break
     synchronize(rt.device)
-    seconds = time.perf_counter() - start
+    seconds = seconds_before + time.perf_counter() - start
     progress.end_epoch()
     return steps, seconds
 
@@ -353,6 +438,7 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
     state.skipped_steps += skip
     epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
     eval_start = time.perf_counter()
+    run.phase = f"evaluation after epoch {epoch + 1} (evaluate.batch_size {run.params.evaluate.batch_size})"
     accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
                               run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
     eval_seconds = time.perf_counter() - eval_start
@@ -403,6 +489,7 @@ def _log_epoch(run: _Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+        run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
 
 
 def _finish(run: _Run, wall_start: float) -> dict:
@@ -413,15 +500,17 @@ def _finish(run: _Run, wall_start: float) -> dict:
     metrics = _metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
     if rt.is_main:
         checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved, "classes": run.dataset.classes,
-                         "variant": run.variant}, run.layout.model(run.variant))
-        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history))
-        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics)
+                         "variant": run.variant}, run.layout.model(run.variant), "the final model")
+        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
+                                 "the per-epoch table")
+        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics, "the training metrics")
         hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
                    "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
                    **{k: v for k, v in config.to_dict(run.cfg).items() if k in HPARAM_KEYS},
                    "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
         run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
                                run_name=".")  # "." keeps the hparams in the variant's own run folder
+        run.writer.flush()
         run.writer.close()
     parallel.barrier(rt)
     return metrics
@@ -433,19 +522,25 @@ HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "c
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 
 
-def _save_checkpoint(run: _Run) -> None:
+def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) -> None:
+    """At the end of an epoch, or after `partial`'s steps and seconds of the next one (on a signal):
+    then each rank's StepLog so far goes in too, so the resumed epoch sums the same losses."""
     rt, t = run.rt, run.t
-    rngs = [None] * rt.world_size
+    mine = {"rng": rng_state(), "epoch_log": partial[0].state_dict() if partial else None}
+    ranks = [None] * rt.world_size
     if rt.distributed:
-        torch.distributed.all_gather_object(rngs, rng_state())
+        torch.distributed.all_gather_object(ranks, mine)
     else:
-        rngs = [rng_state()]
+        ranks = [mine]
+    state = _state_to_dict(run.state)
+    if partial:
+        state["epoch_steps"], state["epoch_seconds"] = partial[0].steps, partial[1]
     if rt.is_main:
         checkpoint.save({
             "model": t.raw.state_dict(), "optimizer": t.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
-            "scaler": t.scaler.state_dict(), "state": _state_to_dict(run.state), "rng": rngs,
-            "config": run.resolved, "config_hash": run.digest,
+            "scaler": t.scaler.state_dict(), "state": state, "rng": [r["rng"] for r in ranks],
+            "epoch_logs": [r["epoch_log"] for r in ranks], "config": run.resolved, "config_hash": run.digest,
         }, run.ckpt_path)
     run.saved_epoch = run.state.epoch
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from

@@ -21,6 +21,7 @@ import torchvision
 from scratch import BIN, TINY, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
+from fasttrain.atomic import DiskError
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
@@ -153,7 +154,7 @@ def test_an_exception_inside_the_save_keeps_the_previous_checkpoint(tmp_path, mo
     target = {"write": ("fdopen", lambda *a, **k: HalfWritten(real_fdopen(*a, **k))),
               "fsync": ("fsync", boom), "replace": ("replace", boom)}[fail_in]
     monkeypatch.setattr(f"fasttrain.atomic.os.{target[0]}", target[1])
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DiskError, match="No space left"):
         checkpoint.save(_checkpoint(2), path)
     monkeypatch.undo()
 
@@ -252,7 +253,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
     real_save, real_step = checkpoint.save, engine.train_step
     saved = []
     monkeypatch.setattr("fasttrain.train.checkpoint.save",
-                        lambda obj, path: (saved.append(obj.get("state", {}).get("epoch")), real_save(obj, path)))
+                        lambda obj, path, *what: (saved.append(obj.get("state", {}).get("epoch")),
+                                                  real_save(obj, path, *what)))
 
     def run(root: Path, fail_at_step: int | None = None, nan: bool = False):
         layout = Layout(root)

@@ -6,6 +6,7 @@ from a local http.server through torchvision's own download code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -85,17 +86,44 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
             pass  # torchvision's redirect probe opens the URL and closes it unread
 
 
-@pytest.fixture
-def http_root(tmp_path):
-    """(folder, base URL) of an HTTP server on 127.0.0.1 serving that folder."""
-    root = tmp_path / "www"
-    root.mkdir()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+class _CuttingHandler(_QuietHandler):
+    """Announces the whole file, sends half of it and drops the connection."""
+
+    def do_GET(self):
+        data = (Path(self.directory) / self.path.lstrip("/")).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+
+@contextlib.contextmanager
+def _serving(root: Path, handler):
+    """(folder, base URL) of an HTTP server on 127.0.0.1 serving that folder with `handler`."""
+    root.mkdir(exist_ok=True)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    with _serving(tmp_path / "www", _QuietHandler) as served:
+        yield served
+
+
+@pytest.fixture
+def cutting_http_root(tmp_path):
+    """The same folder, but every file is cut off half-way."""
+    with _serving(tmp_path / "www", _CuttingHandler) as served:
+        yield served
 
 
 @pytest.fixture
@@ -193,6 +221,26 @@ def test_url_that_does_not_answer_is_one_line_error(tmp_path, http_root):
     _, base = http_root
     message = _error(lambda: prepare(f"{base}/nothing-here.tar.gz", tmp_path / "o.pt", tmp_path / "raw"))
     assert "could not download" in message
+
+
+def test_a_download_cut_mid_file_keeps_nothing_and_the_next_run_fetches_it_again(tmp_path, cutting_http_root,
+                                                                                  http_root, cifar_tgz, monkeypatch):
+    www, cutting = cutting_http_root
+    _, whole = http_root  # the same folder, served whole
+    archive, expected = cifar_tgz
+    (www / "cifar-10-python.tar.gz").write_bytes(archive.read_bytes())
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", f"{cutting}/cifar-10-python.tar.gz")
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "tgz_md5", _md5(archive))
+    out, raw = tmp_path / "dataset.pt", tmp_path / "raw"
+
+    message = _error(lambda: prepare("cifar10", out, raw))
+    assert message.startswith(f"md5 mismatch for {cutting}/cifar-10-python.tar.gz: ") and "\n" not in message
+    assert f"the {archive.stat().st_size // 2:,} bytes fetched were not kept" in message and "fetches it again" in message
+    assert list(raw.iterdir()) == [] and not out.exists()
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", f"{whole}/cifar-10-python.tar.gz")
+    _assert_same(prepare("cifar10", out, raw), expected)
+    assert [p.name for p in raw.iterdir()] == ["cifar-10-python.tar.gz"]
 
 
 def test_cifar10_source_runs_torchvisions_own_download(tmp_path, http_root, cifar_tgz, monkeypatch):

@@ -1,0 +1,196 @@
+"""A full disk on every write (issue 21): the file object's writes raise ENOSPC after N bytes, at
+the real write path (atomic.py's temporary file; TensorBoard's event file), for each kind of output.
+Each ends with one line naming the path, what was being written and the free space; earlier files
+are unchanged and no temporary file is left. A real full filesystem (a small tmpfs) closes it.
+"""
+
+import errno
+import io
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from scratch import BIN, TINY, copy_repo, run, set_params
+
+from fasttrain import checkpoint, config, parallel
+from fasttrain.atomic import DiskError
+from fasttrain.data import make_synthetic, prepare, save_dataset
+from fasttrain.layout import Layout
+from fasttrain.precision import PRECISIONS
+from fasttrain.train import train
+
+AFTER_BYTES = 64  # some bytes land first, as on a disk that fills mid-file
+
+
+class FullAfter:
+    """A file whose writes raise ENOSPC once `budget` bytes are written (a short write first)."""
+
+    def __init__(self, f, budget: int):
+        self.f, self.budget = f, budget
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        if len(data) > self.budget:
+            self.f.write(bytes(data)[:self.budget])
+            self.budget = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.budget -= len(data)
+        return self.f.write(data)
+
+
+def fill_disk_for(monkeypatch, target: Path, from_call: int = 1) -> None:
+    """Writes to `target` (through atomic.py's temporary sibling) or, for a folder, to any file in it
+    (TensorBoard's event files) fail from its `from_call`-th opening on."""
+    import tensorboard.compat.tensorflow_stub.io.gfile as gfile
+
+    import fasttrain.atomic as atomic
+
+    calls = [0]
+
+    def hit(name: str) -> bool:
+        name = Path(name)
+        if not (name.parent == target.parent and name.name.startswith(f".{target.name}.")) \
+                and target not in name.parents:
+            return False
+        calls[0] += 1
+        return calls[0] >= from_call
+
+    real_fdopen, real_open = os.fdopen, io.open
+
+    def fdopen(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        return FullAfter(f, AFTER_BYTES) if hit(os.readlink(f"/proc/self/fd/{fd}")) else f
+
+    def open_(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return FullAfter(f, AFTER_BYTES) if "r" not in mode and hit(os.path.abspath(os.fsdecode(file))) else f
+
+    monkeypatch.setattr(atomic.os, "fdopen", fdopen)
+    monkeypatch.setattr(gfile, "io", type("io", (), {"open": staticmethod(open_)}))
+
+
+def one_line(e: DiskError, what: str, path: Path) -> None:
+    msg = str(e)
+    assert "\n" not in msg, msg
+    assert msg.startswith(f"could not write {what} to {path}: No space left on device (errno ENOSPC); "), msg
+    assert " MB free there" in msg, msg
+
+
+def temporaries(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*.tmp"))
+
+
+def _params(epochs: int = 1) -> config.Params:
+    return config.from_dict({**TINY, "train": {**TINY["train"], "epochs": epochs, "device": "cpu"}})
+
+
+def _train(layout: Layout, epochs: int = 1) -> None:
+    train(_params(epochs), PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=lambda m: None)
+
+
+def test_the_data_set(tmp_path, monkeypatch):
+    layout = Layout(tmp_path.resolve())
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    before = layout.dataset.read_bytes()
+    fill_disk_for(monkeypatch, layout.dataset)
+    with pytest.raises(DiskError) as e:
+        prepare("synthetic", layout.dataset, layout.raw_dir, synthetic_train_size=128, synthetic_test_size=10)
+    one_line(e.value, "the prepared data set", layout.dataset)
+    assert layout.dataset.read_bytes() == before and temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind,what", [("model", "the final model"), ("metrics", "the training metrics"),
+                                       ("plot", "the per-epoch table")])
+def test_the_final_outputs_of_train(tmp_path, monkeypatch, kind, what):
+    layout = Layout(tmp_path.resolve())
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    target = {"model": layout.model("single-fp32"), "metrics": layout.train_metrics("single-fp32"),
+              "plot": layout.train_plot("single-fp32")}[kind]
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"an earlier run's " + kind.encode())
+    fill_disk_for(monkeypatch, target)
+    with pytest.raises(DiskError) as e:
+        _train(layout)
+    one_line(e.value, what, target)
+    assert target.read_bytes() == b"an earlier run's " + kind.encode() and temporaries(tmp_path) == []
+    assert checkpoint.load(layout.checkpoint_dir("single-fp32") / "last.pt")["state"]["epoch"] == 1
+
+
+def test_a_training_checkpoint(tmp_path, monkeypatch):
+    layout = Layout(tmp_path.resolve())
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    last = layout.checkpoint_dir("single-fp32") / "last.pt"
+    fill_disk_for(monkeypatch, last, from_call=2)  # epoch 1's is written, epoch 2's meets the full disk
+    with pytest.raises(DiskError) as e:
+        _train(layout, epochs=2)
+    one_line(e.value, "a training checkpoint", last)
+    assert checkpoint.load(last)["state"]["epoch"] == 1 and temporaries(tmp_path) == []
+
+
+def test_tensorboard(tmp_path, monkeypatch):
+    layout = Layout(tmp_path.resolve())
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    folder = layout.tensorboard("single-fp32")
+    fill_disk_for(monkeypatch, folder)  # any file in it
+    with pytest.raises(DiskError) as e:
+        _train(layout)
+    one_line(e.value, "the TensorBoard log", folder)
+    assert temporaries(tmp_path) == []
+
+
+def _mount_tmpfs(where: Path, size_bytes: int) -> str | None:
+    """Mounts a tmpfs of `size_bytes` at `where`; the reason it could not, or None."""
+    if os.geteuid() != 0:
+        return "a real full filesystem needs a small tmpfs, and mounting one needs root"
+    if shutil.which("mount") is None:
+        return "a real full filesystem needs a small tmpfs, and this machine has no mount command"
+    where.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        return f"a real full filesystem needs a small tmpfs, and `mount -t tmpfs` was refused: {proc.stderr.strip()}"
+    return None
+
+
+@pytest.mark.slow
+def test_a_real_full_filesystem_under_checkpoints(tmp_path):
+    """checkpoints/ on a tmpfs that holds one checkpoint and a half: epoch 1's is written, epoch 2's
+    fills the disk. One line, exit 1, epoch 1's checkpoint intact, no temporary file left."""
+    repo = copy_repo(tmp_path / "repo")
+    for o in (TINY, {"train": {"device": "cpu"}}):
+        set_params(repo, o)
+    run(["fasttrain", "download"], repo)
+    run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo)
+    one = (repo / "checkpoints" / "single-fp32" / "last.pt").stat().st_size
+    for out in ("checkpoints", "models", "metrics", "plots", "tensorboard"):
+        shutil.rmtree(repo / out)
+
+    mnt = tmp_path / "small-disk"
+    reason = _mount_tmpfs(mnt, (one * 3 // 2 + 4095) // 4096 * 4096)
+    if reason:
+        pytest.skip(reason)
+    try:
+        (repo / "checkpoints").symlink_to(mnt)
+        set_params(repo, {"train": {"epochs": 2}})
+        failed = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo, check=False)
+        assert failed.returncode == 1, failed.stderr
+        last = failed.stderr.strip().splitlines()[-1]
+        assert last.startswith("fasttrain: error: could not write a training checkpoint to "
+                               "checkpoints/single-fp32/last.pt: No space left on device (errno ENOSPC); "), last
+        assert "Traceback" not in failed.stderr and " MB free there" in last
+        assert checkpoint.load(mnt / "single-fp32" / "last.pt")["state"]["epoch"] == 1
+        assert sorted(p.name for p in (mnt / "single-fp32").iterdir()) == ["last.pt"]
+        print(f"real full filesystem: {one:,} B checkpoint, tmpfs of {shutil.disk_usage(mnt).total:,} B: {last}")
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
