@@ -469,7 +469,8 @@ def inject_fault(rt: Runtime, epoch: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     sig = _signal_spec()
     if sig is not None and sig[1:] == (rt.rank, epoch, step):
-        os.kill(int(os.environ.get(LAUNCHER_PID, os.getpid())), sig[0])
+        launcher = os.environ.get(LAUNCHER_PID) if rt.distributed else None  # (a worker's, set by launch)
+        os.kill(int(launcher) if launcher else os.getpid(), sig[0])
 
 
 def teardown(rt: Runtime) -> None:

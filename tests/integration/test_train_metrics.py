@@ -110,4 +110,5 @@ def test_ddp_metrics_give_the_peak_memory_of_the_rank_that_used_most_and_the_syn
     metrics = json.loads((repo / "metrics" / "train" / "ddp-fp32.json").read_text())
     assert metrics["world_size"] == 2 and metrics["peak_memory_kind"] == "cpu_max_rss"
     assert 50 * 1024 < metrics["peak_memory_mb"] < 60 * 1024
-    assert metrics["warnings"] == ["train.sync_bn ignored: SyncBatchNorm needs GPUs"]
+    assert metrics["warnings"] == ["train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)",
+                                   "train.sync_bn ignored: SyncBatchNorm needs GPUs"]

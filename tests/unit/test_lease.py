@@ -117,6 +117,8 @@ def test_ddp_launcher_leases_its_workers_gpus(gpus, monkeypatch):
     monkeypatch.setattr("torch.distributed.run.run", lambda args: seen.update(
         visible=os.environ["CUDA_VISIBLE_DEVICES"], nproc=args.nproc_per_node))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test
+    for name in (parallel.LAUNCHER_PID, "OMP_NUM_THREADS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # launch sets them for its workers: restored after
     other = lease.acquire(1, timeout=0)
     parallel.launch(["train"], nproc=2, device="auto")
     assert seen == {"visible": "GPU-uuid-1,GPU-uuid-2", "nproc": "2"}
