@@ -264,7 +264,12 @@ def _prepare(params, precision, rt, layout, log, resume) -> _Run:
 
         if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
             shutil.rmtree(layout.tensorboard(run.variant), ignore_errors=True)
-        run.writer = SummaryWriter(str(layout.tensorboard(run.variant)), purge_step=run.state.global_step or None)
+        elif resume is None and not layout.tensorboard(run.variant).exists() and _kept_tensorboard(run).is_dir():
+            # dvc repro deleted the stage's outputs before resuming it: the run's curves up to its checkpoint
+            shutil.copytree(_kept_tensorboard(run), layout.tensorboard(run.variant))
+        # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
+        run.writer = SummaryWriter(str(layout.tensorboard(run.variant)),
+                                   purge_step=run.state.global_step + 1 if run.state.epoch else None)
     return run
 
 
@@ -401,6 +406,19 @@ def _log_epoch(run: _Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+        _write_progress(run)
+
+
+def _write_progress(run: _Run) -> None:
+    """The per-epoch table and the metrics so far, at their final paths, after every epoch: `dvc exp
+    show` reads a running experiment's files from its workspace, queued runs' temporary ones too.
+    `_finish` overwrites the metrics with the whole set."""
+    last = run.state.history[-1]
+    atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history))
+    atomic.atomic_write_json(run.layout.train_metrics(run.variant), {
+        "variant": run.variant, "parallel": run.rt.parallel, "precision": run.precision.name,
+        "epochs": last.epoch, "epochs_planned": run.cfg.epochs, "train_loss": round(last.train_loss, 6),
+        "test_accuracy": last.test_accuracy})
 
 
 def _finish(run: _Run, wall_start: float) -> dict:
@@ -445,8 +463,23 @@ def _save_checkpoint(run: _Run) -> None:
             "scaler": t.scaler.state_dict(), "state": _state_to_dict(run.state), "rng": rngs,
             "config": run.resolved, "config_hash": run.digest,
         }, run.ckpt_path)
+        _keep_tensorboard(run)
     run.saved_epoch = run.state.epoch
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
+
+
+def _kept_tensorboard(run: _Run) -> Path:
+    return run.ckpt_path.parent / "tensorboard"
+
+
+def _keep_tensorboard(run: _Run) -> None:
+    """A copy of the TensorBoard run beside its checkpoint. tensorboard/<variant> is a DVC output, and
+    DVC deletes a stage's outputs before running it again, so a run resumed by `dvc repro` would
+    otherwise show no curves before its checkpoint (the copy is kilobytes)."""
+    run.writer.flush()
+    kept = _kept_tensorboard(run)
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(run.layout.tensorboard(run.variant), kept)
 
 
 def _history_csv(history: list[EpochRecord]) -> str:
