@@ -67,7 +67,7 @@ compare: setup  ## re-make and print the comparison table
 metrics: setup  ## dvc metrics show
 	dvc metrics show
 
-plots: setup  ## render every plot into dvc_plots/index.html
+plots: setup  ## render every plot into dvc_plots/index.html (draws offline: .dvc/plots/page.html)
 	dvc plots show
 
 tensorboard: setup  ## TensorBoard over every variant's run

@@ -287,8 +287,13 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
         folder = layout.tensorboard(run.variant)
         if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
             shutil.rmtree(folder, ignore_errors=True)
+        elif resume is None and not folder.exists() and _kept_tensorboard(run).is_dir():
+            # dvc repro deleted the stage's outputs before resuming it: the run's curves up to its checkpoint
+            shutil.copytree(_kept_tensorboard(run), folder)
+        # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
         with atomic.disk_errors(folder, TENSORBOARD):
-            run.writer = _GuardedWriter(SummaryWriter(str(folder), purge_step=run.state.global_step or None), folder)
+            run.writer = _GuardedWriter(SummaryWriter(
+                str(folder), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
     return run
 
 
@@ -490,6 +495,20 @@ def _log_epoch(run: _Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
         run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
+        _write_progress(run)
+
+
+def _write_progress(run: _Run) -> None:
+    """The per-epoch table and the metrics so far, at their final paths, after every epoch: `dvc exp
+    show` reads a running experiment's files from its workspace, queued runs' temporary ones too.
+    `_finish` overwrites the metrics with the whole set."""
+    last = run.state.history[-1]
+    atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
+                             "the per-epoch table")
+    atomic.atomic_write_json(run.layout.train_metrics(run.variant), {
+        "variant": run.variant, "parallel": run.rt.parallel, "precision": run.precision.name,
+        "epochs": last.epoch, "epochs_planned": run.cfg.epochs, "train_loss": round(last.train_loss, 6),
+        "test_accuracy": last.test_accuracy}, "the training metrics")
 
 
 def _finish(run: _Run, wall_start: float) -> dict:
@@ -542,8 +561,23 @@ def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) ->
             "scaler": t.scaler.state_dict(), "state": state, "rng": [r["rng"] for r in ranks],
             "epoch_logs": [r["epoch_log"] for r in ranks], "config": run.resolved, "config_hash": run.digest,
         }, run.ckpt_path)
+        _keep_tensorboard(run)
     run.saved_epoch = run.state.epoch
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
+
+
+def _kept_tensorboard(run: _Run) -> Path:
+    return run.ckpt_path.parent / "tensorboard"
+
+
+def _keep_tensorboard(run: _Run) -> None:
+    """A copy of the TensorBoard run beside its checkpoint. tensorboard/<variant> is a DVC output, and
+    DVC deletes a stage's outputs before running it again, so a run resumed by `dvc repro` would
+    otherwise show no curves before its checkpoint (the copy is kilobytes)."""
+    run.writer.flush()
+    kept = _kept_tensorboard(run)
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(run.layout.tensorboard(run.variant), kept)
 
 
 def _history_csv(history: list[EpochRecord]) -> str:

@@ -38,6 +38,8 @@ def scaffold(repo: Path, variant: str) -> None:
     layout.eval_metrics(variant).write_text(json.dumps({"test_accuracy": 0.1}))
     layout.train_plot(variant).write_text("epoch,train_loss,test_accuracy\n1,2.3,0.1\n")
     layout.confusion_plot(variant).write_text("actual,predicted\n")
+    layout.tensorboard(variant).mkdir(parents=True, exist_ok=True)
+    (layout.tensorboard(variant) / "events.out.tfevents.0.scaffold").write_bytes(b"")
 
 
 # train's and evaluate's metrics and plots are in DVC's cache (dvc.yaml): `dvc push --run-cache` sends

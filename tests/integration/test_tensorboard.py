@@ -1,8 +1,10 @@
 """A real tiny `fasttrain train`, its TensorBoard logs read back with TensorBoard's own reader."""
 
 import csv
+import shutil
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -67,3 +69,21 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
         assert float(epochs[epoch]["max_grad_norm"]) == pytest.approx(max(in_epoch), rel=1e-3)
     with open(tiny_repo / "plots" / "train" / "single-fp32.csv") as f:
         assert {r["max_grad_norm"] for r in csv.DictReader(f)} == {""}
+
+
+def test_a_run_resumed_after_dvc_deleted_its_outputs_keeps_its_curves_from_the_start(tiny_repo):
+    """tensorboard/<variant> is a DVC output: `dvc repro` deletes it before running the stage again,
+    and the resumed run puts back the copy kept beside its checkpoint, then carries on its steps."""
+    set_params(tiny_repo, {"data": {"synthetic_train_size": 64}, "train": {"epochs": EPOCHS, "log_every_steps": 1}})
+    run(["fasttrain", "download"], tiny_repo)
+    killed = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo, check=False,
+                 env={"FASTTRAIN_FAULT_KILL_RANK_AT": "0:2:1"})  # SIGKILL at epoch 2's first step
+    assert killed.returncode != 0 and "epoch 1/2" in killed.stderr
+    shutil.rmtree(tiny_repo / "tensorboard" / "single-fp32")  # as dvc repro does before the stage
+    again = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
+    assert "resuming from" in again.stderr
+
+    acc = EventAccumulator(str(tiny_repo / "tensorboard" / "single-fp32"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+    assert [e.step for e in acc.Scalars("epoch/train_loss")] == list(range(1, EPOCHS + 1))

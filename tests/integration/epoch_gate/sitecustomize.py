@@ -1,0 +1,51 @@
+"""Test hook, on PYTHONPATH only in test_live_queue.py: every `fasttrain train` process, however DVC
+starts it (queued, in a temporary workspace), reports its first epoch's end to the test's socket
+at $FASTTRAIN_TEST_EPOCH_SOCKET and waits there until the test has looked, so "while it runs" is an
+event, not a guess about timing.
+
+The wrap is applied when fasttrain.train is imported: other Python processes (dvc, celery) are left
+alone and pay no torch import.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import socket
+import sys
+
+SOCKET = os.environ.get("FASTTRAIN_TEST_EPOCH_SOCKET")
+
+
+def _wrap(module) -> None:
+    log_epoch = module._log_epoch  # what an epoch ends with, whatever it writes
+
+    def gated(run, record):
+        log_epoch(run, record)
+        if record.epoch == 1 and run.rt.is_main:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(600)  # a test that died must not leave training hung for ever
+                s.connect(SOCKET)
+                s.sendall(f"{run.variant}\n".encode())
+                s.recv(16)  # the test's go-ahead (or its end)
+
+    module._log_epoch = gated
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "fasttrain.train":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
+if SOCKET:
+    sys.meta_path.insert(0, _Finder())

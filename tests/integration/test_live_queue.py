@@ -1,0 +1,97 @@
+"""Two tiny variants through `dvc exp run --queue` and `dvc queue start -j 2`, as the README's
+several-GPU recipe runs them: a running experiment shows its first epoch in `dvc exp show`, and
+after the queue `dvc repro` restores both TensorBoard runs from the run-cache without training.
+
+When a run's first epoch has ended it tells the test through a socket and waits for the test to
+look (epoch_gate/sitecustomize.py), so the check happens while it runs by construction.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from scratch import BIN, REPO, run, set_params
+
+pytestmark = pytest.mark.slow
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+VARIANTS = ("single-fp32", "dp-fp32")  # dp without a GPU runs as one process: both cheap on 2 cores
+EPOCHS, STEPS_PER_EPOCH = 2, 2  # 64 images in batches of 32
+GATE = Path(__file__).parent / "epoch_gate"
+
+
+def running_metrics(exp_show: list, variant: str) -> list[dict]:
+    """The train metrics of every running experiment in `dvc exp show --json`'s output."""
+    found = []
+    for baseline in exp_show:
+        for exp_range in baseline.get("experiments") or []:
+            if (exp_range.get("executor") or {}).get("state") != "running":
+                continue
+            for exp in exp_range["revs"]:
+                metrics = ((exp.get("data") or {}).get("metrics") or {}).get(f"metrics/train/{variant}.json")
+                if metrics and "data" in metrics:  # the other variant's run has an error here: no such file
+                    found.append(metrics["data"])
+    return found
+
+
+def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
+    set_params(tiny_repo, {"data": {"synthetic_train_size": 64}, "train": {"epochs": EPOCHS, "device": "cpu"}})
+    run(["dvc", "repro", "download"], tiny_repo)
+    run(["git", "add", "-A"], tiny_repo)
+    run(["git", "commit", "-qm", "tiny params and the data set"], tiny_repo, env=GIT_ENV)
+
+    # AF_UNIX paths are limited to ~100 bytes: pytest's tmp_path can be longer
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft19-"))
+    env = {**GIT_ENV, "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
+           "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(env["FASTTRAIN_TEST_EPOCH_SOCKET"])
+        server.listen(2)
+        server.settimeout(600)  # both experiments' dvc start-up and first epoch, on 2 busy cores
+        try:
+            for variant in VARIANTS:
+                run(["dvc", "exp", "run", "--queue", "-n", f"live-{variant}", f"train@{variant}"], tiny_repo, env=env)
+            # its workers outlive it: their output goes to a file, or run() would wait for them
+            with open(tiny_repo.parent / "queue-start.log", "w") as out:
+                subprocess.run(["dvc", "queue", "start", "-j", "2"], cwd=tiny_repo, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, **env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+                               check=True, timeout=120)
+            seen = set()
+            for _ in VARIANTS:
+                conn, _addr = server.accept()  # a run ended its first epoch and is waiting
+                with conn:
+                    conn.settimeout(60)
+                    variant = conn.makefile().readline().strip()
+                    shown = json.loads(run(["dvc", "exp", "show", "--json"], tiny_repo, env=env).stdout)
+                    found = running_metrics(shown, variant)
+                    assert len(found) == 1, json.dumps(shown)[:4000]
+                    metrics = found[0]
+                    assert metrics["epochs"] == 1 and metrics["epochs_planned"] == EPOCHS, metrics
+                    assert metrics["train_loss"] > 0 and 0 <= metrics["test_accuracy"] <= 1, metrics
+                    conn.sendall(b"go")
+                seen.add(variant)
+            assert seen == set(VARIANTS)
+            for variant in VARIANTS:  # follows the log until the experiment ends
+                run(["dvc", "queue", "logs", "-f", f"live-{variant}"], tiny_repo, env=env, timeout=600)
+        finally:
+            run(["dvc", "queue", "kill", "--force", *(f"live-{v}" for v in VARIANTS)], tiny_repo, check=False)
+            run(["dvc", "queue", "stop", "--kill"], tiny_repo, check=False)
+    status = run(["dvc", "queue", "status"], tiny_repo).stdout
+    assert status.count("Success") == len(VARIANTS), status
+
+    # The queue's temporary workspaces are gone; the workspace's dvc repro restores, trains nothing.
+    restored = run(["dvc", "repro", *(f"train@{v}" for v in VARIANTS)], tiny_repo).stdout
+    assert "Running stage 'train@" not in restored, restored
+    for variant in VARIANTS:
+        acc = EventAccumulator(str(tiny_repo / "tensorboard" / variant))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("epoch/train_loss")] == list(range(1, EPOCHS + 1)), variant
+        assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1)), variant
+        final = json.loads((tiny_repo / "metrics" / "train" / f"{variant}.json").read_text())
+        assert final["epochs"] == EPOCHS and "images_per_second" in final  # the whole set, not the progress
