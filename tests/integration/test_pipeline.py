@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from scratch import run, set_params
+from test_plots_browser import assert_draws_offline
 
 from fasttrain.layout import VARIANTS
 
@@ -16,7 +17,7 @@ def stages_run(output: str) -> list[str]:
     return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
 
-def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo):
+def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_path):
     first = run(["dvc", "repro"], tiny_repo, timeout=1800)
     assert len(stages_run(first.stdout)) == 1 + 12 + 12 + 1
 
@@ -53,6 +54,10 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo):
     markdown = (tiny_repo / "metrics" / "compare.md").read_text()
     assert all(f"| {v} |" in markdown for v in VARIANTS)
     assert "speed-up" in markdown
+
+    # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png)
+    run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], tiny_repo)
+    assert_draws_offline(tmp_path / "show" / "index.html", tmp_path, 4 + 2 + 2 * len(VARIANTS))
 
     second = run(["dvc", "repro"], tiny_repo)
     assert stages_run(second.stdout) == [], second.stdout
