@@ -240,6 +240,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                     _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
                 if stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
                     _save_checkpoint(run, None if whole else (steps, seconds))
+                if whole and rt.is_main:
+                    _write_progress(run)  # for dvc exp show; after the checkpoint, so a full disk loses no training
                 if stop.stopping and run.state.epoch < run.cfg.epochs:
                     raise _preempted(run, epoch, steps.steps if not whole else 0)
         return _finish(run, wall_start)
@@ -495,7 +497,6 @@ def _log_epoch(run: _Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
         run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
-        _write_progress(run)
 
 
 def _write_progress(run: _Run) -> None:
