@@ -1,4 +1,4 @@
-"""Faults of the machine (issue 21): a scheduler's SIGTERM/SIGUSR1, a full disk, out of GPU memory.
+"""Faults of the machine: a scheduler's SIGTERM/SIGUSR1, a full disk, out of GPU memory.
 
 Real processes and real signals. The signal is sent at a known step by the run itself
 (FASTTRAIN_FAULT_SIGNAL_AT, parallel.inject_fault), to the process a scheduler would signal: the

@@ -1,4 +1,4 @@
-"""A full disk on every write (issue 21): the file object's writes raise ENOSPC after N bytes, at
+"""A full disk on every write: the file object's writes raise ENOSPC after N bytes, at
 the real write path (atomic.py's temporary file; TensorBoard's event file), for each kind of output.
 Each ends with one line naming the path, what was being written and the free space; earlier files
 are unchanged and no temporary file is left. A real full filesystem (a small tmpfs) closes it.

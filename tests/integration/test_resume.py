@@ -1,4 +1,4 @@
-"""Nothing lost: atomic checkpoints, exact resume, torchrun restarts (issue 4, tests 1-6).
+"""Nothing lost: atomic checkpoints, exact resume, torchrun restarts.
 
 Real processes and real signals: `fasttrain` and `dvc` run as subprocesses in scratch copies of the
 repo, and are killed with SIGKILL or interrupted with SIGINT the way a crash or a Ctrl-C would.
