@@ -136,6 +136,8 @@ def test_changing_any_key_makes_dvc_rerun_exactly_the_stages_that_read_it(full_r
     for v in VARIANTS:
         outs += [layout.model(v), layout.train_metrics(v), layout.train_plot(v), layout.eval_metrics(v),
                  layout.confusion_plot(v)]
+    for v in VARIANTS:  # a folder output: one file in it
+        outs.append(layout.tensorboard(v) / "events")
     for path in outs:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}\n")
