@@ -104,7 +104,8 @@ def metrics(repo: Path, kind: str = "train") -> dict:
 
 
 def error_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if line.startswith("fasttrain: error:")]
+    """fasttrain's one-line endings: an error, or a stop after a checkpoint (exit 75)."""
+    return [line for line in log.splitlines() if line.startswith(("fasttrain: error:", "fasttrain: stopped:"))]
 
 
 @pytest.fixture(scope="module")
