@@ -79,6 +79,9 @@ def knobs(settings: dict):
             setattr(inductor, k.removeprefix("inductor."), v)
 
 
+PATHS = ("gpu_loader", "compute_ceiling", "gpu_loader_graphed", "compute_ceiling_graphed")  # graphed: where graphs run
+
+
 def main(params_path, out, *cases):
     base = config.load(params_path)
     dataset = load_dataset(Layout().dataset)
@@ -96,7 +99,7 @@ def main(params_path, out, *cases):
         try:
             with knobs(special):
                 row.update(run_case(params, case, dataset, rt, warmup_steps=10, min_steps=30, min_seconds=2.0,
-                                    log=lambda m: None, only=("gpu_loader", "compute_ceiling")))
+                                    log=lambda m: None, only=PATHS))
                 p = row["paths"]
                 row["gpu_over_ceiling"] = round(p["gpu_loader"]["images_per_second"] / p["compute_ceiling"]["images_per_second"], 3)
                 row["profile"] = kernel_ms_per_step(dataclasses.replace(params, train=dataclasses.replace(train, batch_size=int(batch))),
@@ -107,7 +110,9 @@ def main(params_path, out, *cases):
         p = row.get("paths", {})
         print(f"{text:<70} gpu {p.get('gpu_loader', {}).get('images_per_second', 0):>9,.0f}  "
               f"ceiling {p.get('compute_ceiling', {}).get('images_per_second', 0):>9,.0f}  "
-              f"ratio {row.get('gpu_over_ceiling', 0):.3f}  compile {row.get('compile_seconds', 0):.1f}s  "
+              f"ratio {row.get('gpu_over_ceiling', 0):.3f}  "
+              f"graphed gpu {p.get('gpu_loader_graphed', {}).get('images_per_second', 0):>9,.0f}  "
+              f"ceiling {p.get('compute_ceiling_graphed', {}).get('images_per_second', 0):>9,.0f}  compile {row.get('compile_seconds', 0):.1f}s  "
               f"{row.get('profile', {}).get('kernel_ms_per_step', '')} / {row.get('profile', {}).get('wall_ms_per_step_profiled', '')} ms "
               f"{row.get('error', '')}", flush=True)
         for name, ms, per_step in row.get("profile", {}).get("top", []):

@@ -41,6 +41,9 @@ def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | Non
     if not params.train.fused_adamw:
         return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
                 "GradScaler reads its found-inf flag on the host every step")
+    if params.train.scheduler == "onecycle":
+        return ("train.cuda_graphs: runs eagerly with train.scheduler: onecycle: it cycles AdamW's beta1 every "
+                "step, a number the fused AdamW kernel takes from the host, so a graph would keep the first step's")
     return None
 
 

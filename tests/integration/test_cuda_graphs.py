@@ -1,6 +1,7 @@
 """train.cuda_graphs and train.deterministic: where graphs run, where they fall back and say so, and
 that a graphed step computes what the eager step computes (GPU-marked tests, on a CUDA machine)."""
 
+import csv
 import json
 
 import pytest
@@ -15,18 +16,23 @@ from scratch import run, set_params
 
 # --- where graphs cannot run: the reason, in one line -------------------------------------------
 
-@pytest.mark.parametrize("parallel_name, device, fused, expected", [
-    ("single", "cuda", True, None),
-    ("ddp", "cuda", True, None),
-    ("single", "cpu", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("ddp", "cpu", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("dp", "cuda", True, "train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in threads it "
-                         "starts every step, which a graph cannot record"),
-    ("single", "cuda", False, "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW "
-                              "under GradScaler reads its found-inf flag on the host every step"),
+@pytest.mark.parametrize("parallel_name, device, fused, scheduler, expected", [
+    ("single", "cuda", True, "plateau", None),
+    ("ddp", "cuda", True, "plateau", None),
+    ("single", "cuda", True, "none", None),
+    ("single", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("ddp", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("dp", "cuda", True, "plateau", "train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in "
+                                    "threads it starts every step, which a graph cannot record"),
+    ("single", "cuda", False, "plateau", "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the "
+                                         "unfused AdamW under GradScaler reads its found-inf flag on the host every step"),
+    ("ddp", "cuda", True, "onecycle", "train.cuda_graphs: runs eagerly with train.scheduler: onecycle: it cycles "
+                                      "AdamW's beta1 every step, a number the fused AdamW kernel takes from the host, "
+                                      "so a graph would keep the first step's"),
 ])
-def test_graphs_run_on_a_gpu_for_single_and_ddp_and_say_why_not_elsewhere(parallel_name, device, fused, expected):
-    params = config.from_dict({"train": {"fused_adamw": fused}})
+def test_graphs_run_on_a_gpu_for_single_and_ddp_and_say_why_not_elsewhere(parallel_name, device, fused, scheduler,
+                                                                          expected):
+    params = config.from_dict({"train": {"fused_adamw": fused, "scheduler": scheduler}})
     rt = parallel.Runtime(parallel_name, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
     assert graphs.unavailable_reason(params, rt) == expected
 
@@ -99,6 +105,16 @@ def _batches(n, size, count, seed=0):
     return out
 
 
+def _halve_lr_at(i: int, t, when: int = 4) -> None:
+    """A scheduler's change between steps: halves the lr before step `when`."""
+    if i == when:
+        group = t.optimizer.param_groups[0]
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(group["lr"].item() / 2)
+        else:
+            group["lr"] /= 2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", list(PRECISIONS))
@@ -107,14 +123,22 @@ def test_graphed_and_eager_steps_give_the_same_losses_and_weights(precision):
     batches = _batches(16, 64, 3) + _batches(5, 64, 1, 1) + _batches(16, 96, 2, 2) + _batches(5, 96, 1, 3)
     torch.manual_seed(1)  # the dropout masks: the same stream in both runs
     eager, _ = _trainable(precision, graphed=False)
-    eager_losses = [float(train_step(eager, PRECISIONS[precision], x, y)[0]) for x, y in batches]
+    eager_losses = []
+    for i, (x, y) in enumerate(batches):
+        _halve_lr_at(i, eager)
+        eager_losses.append(float(train_step(eager, PRECISIONS[precision], x, y)[0]))
 
     torch.manual_seed(1)
     t, rt = _trainable(precision, graphed=True)
     step = graphs.GraphedStep(t, PRECISIONS[precision], rt)
     step.capture([(16, 64), (5, 64), (16, 96), (5, 96)], 10, True, torch.float32, 3)
     assert len(step.graphs) == 4
-    graphed_losses = [float(step(x, y)[0]) for x, y in batches]
+    graphed_losses = []
+    for i, (x, y) in enumerate(batches):
+        _halve_lr_at(i, t)  # in place, as torch's schedulers change a tensor lr: the graphs read it
+        graphed_losses.append(float(step(x, y)[0]))
+    assert float(t.optimizer.param_groups[0]["lr"]) == pytest.approx(eager.optimizer.param_groups[0]["lr"], rel=1e-6)
+    assert eager.optimizer.param_groups[0]["lr"] == 5e-5
 
     tol = {"fp32": 1e-4, "bf16": 2e-2}.get(precision, 5e-3)  # fp16/bf16 rounding, accumulated over 8 steps
     assert graphed_losses == pytest.approx(eager_losses, rel=tol)
@@ -147,24 +171,35 @@ def test_graphed_amp_skips_a_step_with_a_non_finite_gradient_and_counts_it():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["amp", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "amp", "bf16"])
 def test_a_graphed_run_with_two_resolutions_and_a_short_batch_trains_as_the_eager_run(tiny_repo, precision):
     """The whole loop on a GPU: progressive resizing's two shapes, a short last batch (100 = 3 x 32 + 4),
-    the one-cycle lr changing every step (a device tensor the graphs read)."""
+    the classic recipe's plateau schedule (a lr change between steps is the step test's). Both resolutions (224 and
+    227 px) give AlexNet a 6x6 map before its adaptive pooling, whose backward then adds each value
+    once: in deterministic mode no kernel of the step adds in a varying order, so the two runs may
+    differ only by what graphs change, and a half-precision run does not amplify atomics' rounding
+    into different weights."""
     from fasttrain import checkpoint
 
     set_params(tiny_repo, {"data": {"synthetic_train_size": 100, "augment": True},
                            "model": {"name": "alexnet"},
-                           "train": {"device": "cuda", "epochs": 3, "img_size": 96, "progressive_epochs": 1,
-                                     "progressive_size": 64, "scheduler": "onecycle", "deterministic": True}})
+                           "train": {"device": "cuda", "epochs": 3, "img_size": 227, "progressive_epochs": 1,
+                                     "progressive_size": 224, "scheduler": "plateau", "deterministic": True}})
     run(["fasttrain", "download"], tiny_repo)
-    weights, metrics = {}, {}
+    weights, metrics, losses, lrs = {}, {}, {}, {}
     for cuda_graphs in (False, True):
         set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs}})
         run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
         weights[cuda_graphs] = checkpoint.load(tiny_repo / "models" / f"single-{precision}.pt")["model"]
         metrics[cuda_graphs] = json.loads((tiny_repo / "metrics" / "train" / f"single-{precision}.json").read_text())
+        with open(tiny_repo / "plots" / "train" / f"single-{precision}.csv") as f:
+            rows = list(csv.DictReader(f))
+        losses[cuda_graphs] = [float(row["train_loss"]) for row in rows]
+        lrs[cuda_graphs] = [row["lr"] for row in rows]
     assert metrics[True]["cuda_graphs"] is True and metrics[True]["capture_seconds"] > 0
     assert metrics[False]["cuda_graphs"] is False
+    assert len(losses[True]) == 3 and losses[True] == pytest.approx(losses[False], rel=1e-3), losses
+    assert lrs[True] == lrs[False], (lrs, losses)
     for k in weights[False]:
-        assert torch.allclose(weights[False][k].float(), weights[True][k].float(), rtol=1e-2, atol=1e-4), k
+        a, b = weights[False][k].float(), weights[True][k].float()
+        assert torch.allclose(a, b, rtol=1e-2, atol=1e-4), f"{k}: largest difference {(a - b).abs().max():.3g}"
