@@ -51,7 +51,8 @@ def kernel_ms_per_step(params, precision, rt, classes, batch, steps=30):
         synchronize(rt.device)
         wall = (time.perf_counter() - start) / steps * 1e3
     events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]  # not the CPU ranges
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA  # not the CPU ranges,
+               and not getattr(e, "is_user_annotation", False)]  # nor ranges on the GPU's timeline (Optimizer.step)
     kernel = sum(e.self_device_time_total for e in kernels) / steps / 1e3
     launches = sum(e.count for e in events if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"))) / steps
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:int(os.environ.get("PROFILE_TOP", "8"))]
