@@ -55,7 +55,8 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
     assert all(f"| {v} |" in markdown for v in VARIANTS)
     assert "speed-up" in markdown
 
-    # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png)
+    # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png
+    # is this page of make demo)
     run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], tiny_repo)
     assert_draws_offline(tmp_path / "show" / "index.html", tmp_path, 4 + 2 + 2 * len(VARIANTS))
 
