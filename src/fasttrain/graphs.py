@@ -36,8 +36,8 @@ def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | Non
     if rt.device.type != "cuda":
         return "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
     if rt.parallel == "dp":
-        return ("train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in threads it starts "
-                "every step, which a graph cannot record")
+        return ("train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to every GPU and runs "
+                "the replicas from several threads each step, which one graph cannot record")
     if not params.train.fused_adamw:
         return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
                 "GradScaler reads its found-inf flag on the host every step")

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,12 +369,13 @@ def peers_lost_as_errors(rt: Runtime):
 
 def cudnn_benchmark(requested: bool, rt: Runtime) -> bool:
     """Whether cuDNN may time its convolution algorithms (train.cudnn_benchmark) for this runtime.
-    Not for nn.DataParallel over 2+ GPUs: it runs each replica's forward in threads it makes anew
-    every step, and cuDNN's benchmark results are kept per thread (pytorch/pytorch#191617, #191744),
-    so every step would search again: dp-bf16 at batch 1024 on two H200s ran at 1,449 images/s."""
+    Not for dp over 2+ GPUs: cuDNN keeps its benchmark results per thread (pytorch/pytorch#191617,
+    #191744), and under torch's nn.DataParallel, whose replica threads are new every step, every
+    step searched again: dp-bf16 at batch 1024 on two H200s ran at 1,449 images/s. fasttrain's
+    DataParallel keeps its replica threads (ReplicaThreads); the benchmark in them is unmeasured."""
     if requested and rt.parallel == "dp" and rt.replicas > 1:
-        rt.warnings.append(f"train.cudnn_benchmark off: nn.DataParallel over {rt.replicas} GPUs makes "
-                           "new threads every step, and cuDNN keeps its benchmark results per thread")
+        rt.warnings.append(f"train.cudnn_benchmark off: dp over {rt.replicas} GPUs runs cuDNN in replica threads, "
+                           "and cuDNN keeps its benchmark results per thread")
         return False
     return requested
 
@@ -388,6 +390,48 @@ def prepare_model(model: nn.Module, rt: Runtime, sync_bn: bool) -> nn.Module:
     return model
 
 
+class ReplicaThreads:
+    """One long-lived thread per replica, where nn.DataParallel starts a new thread per replica every
+    step. Per-thread state then lasts from step to step: cuDNN's execution plans and benchmark
+    results are cached per thread, so in new threads every forward built its plans again. Each
+    replica runs as torch's parallel_apply runs it: on its device and that device's current stream,
+    in the caller's grad mode and autocast state; an exception is raised in the caller."""
+
+    def __init__(self, replicas: int):
+        self.pools = [ThreadPoolExecutor(1, thread_name_prefix=f"fasttrain-replica-{i}") for i in range(replicas)]
+
+    def run(self, modules, inputs, kwargs, devices) -> list:
+        grad_enabled = torch.is_grad_enabled()
+        cuda = all(d is not None for d in devices) and torch.cuda.is_available()
+        autocast = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")) if cuda else None
+        streams = [torch.cuda.current_stream(d) for d in devices] if cuda else [None] * len(devices)
+
+        def forward(module, args, kw, device, stream):
+            torch.set_grad_enabled(grad_enabled)  # thread-local, as the autocast state
+            with contextlib.ExitStack() as scope:
+                if cuda:
+                    scope.enter_context(torch.cuda.device(device))
+                    scope.enter_context(torch.cuda.stream(stream))
+                    scope.enter_context(torch.autocast("cuda", enabled=autocast[0], dtype=autocast[1]))
+                return module(*(args if isinstance(args, (list, tuple)) else (args,)), **kw)
+
+        futures = [pool.submit(forward, *job) for pool, job in
+                   zip(self.pools, zip(modules, inputs, kwargs, devices, streams, strict=True))]
+        return [f.result() for f in futures]
+
+
+class DataParallel(nn.DataParallel):
+    """nn.DataParallel with its replicas' forwards run by `ReplicaThreads` (the rest is torch's:
+    scatter, replicate, gather, and the backward in autograd's own per-device threads)."""
+
+    def __init__(self, module: nn.Module, device_ids: list[int] | None = None):
+        super().__init__(module, device_ids=device_ids)
+        self.replica_threads = ReplicaThreads(len(self.device_ids))
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        return self.replica_threads.run(replicas, inputs, kwargs, self.device_ids[:len(replicas)])
+
+
 def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
     if rt.parallel == "ddp" and rt.device.type == "cuda":
         # built on a side stream, as a whole-step CUDA-graph capture needs (torch's CUDA-graph notes)
@@ -400,14 +444,14 @@ def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
     if rt.parallel == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     if rt.parallel == "dp" and rt.device.type == "cuda":
-        return nn.DataParallel(model, device_ids=rt.device_ids)
+        return DataParallel(model, device_ids=rt.device_ids)
     return model
 
 
 def wrap_for_inference(model: nn.Module, rt: Runtime) -> nn.Module:
     """No gradients to synchronise: ddp ranks each run their shard of the data on a plain model."""
     if rt.parallel == "dp" and rt.device.type == "cuda":
-        return nn.DataParallel(model, device_ids=rt.device_ids)
+        return DataParallel(model, device_ids=rt.device_ids)
     return model
 
 

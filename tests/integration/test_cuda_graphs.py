@@ -22,8 +22,9 @@ from scratch import run, set_params
     ("single", "cuda", True, "none", None),
     ("single", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
     ("ddp", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("dp", "cuda", True, "plateau", "train.cuda_graphs: dp runs eagerly: nn.DataParallel runs its replicas in "
-                                    "threads it starts every step, which a graph cannot record"),
+    ("dp", "cuda", True, "plateau", "train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to "
+                                    "every GPU and runs the replicas from several threads each step, which one "
+                                    "graph cannot record"),
     ("single", "cuda", False, "plateau", "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the "
                                          "unfused AdamW under GradScaler reads its found-inf flag on the host every step"),
     ("ddp", "cuda", True, "onecycle", "train.cuda_graphs: runs eagerly with train.scheduler: onecycle: it cycles "

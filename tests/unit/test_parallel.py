@@ -23,7 +23,7 @@ def test_cudnn_benchmark_is_as_configured_where_no_replica_threads_run(rt):
 def test_cudnn_benchmark_is_off_for_dataparallel_over_several_gpus_and_the_run_says_so():
     rt = Runtime("dp", CUDA0, device_ids=[2, 3, 5])
     assert cudnn_benchmark(True, rt) is False
-    assert rt.warnings == ["train.cudnn_benchmark off: nn.DataParallel over 3 GPUs makes new threads every step, "
+    assert rt.warnings == ["train.cudnn_benchmark off: dp over 3 GPUs runs cuDNN in replica threads, "
                            "and cuDNN keeps its benchmark results per thread"]
     assert cudnn_benchmark(False, rt) is False and len(rt.warnings) == 1  # off as asked: nothing to say
 
@@ -117,3 +117,45 @@ def test_train_nnodes_without_a_rendezvous_endpoint_is_one_line(clean_env, raw):
         clean_env.setenv("FASTTRAIN_RDZV_ENDPOINT", raw)
     with pytest.raises(FasttrainError, match=r"^train.nnodes > 1 needs FASTTRAIN_RDZV_ENDPOINT=HOST:PORT"):
         parallel.launch(["train"], nproc=1, device="cpu", nnodes=2)
+
+
+# --- dp's replica threads --------------------------------------------------------------------
+
+class _Probe(torch.nn.Module):
+    """Records the thread each call runs in; `fail` raises inside the replica."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+        self.threads, self.fail = [], fail
+
+    def forward(self, x):
+        import threading
+        self.threads.append(threading.get_ident())
+        if self.fail:
+            raise ValueError("replica failed")
+        return x * self.weight
+
+
+def test_replica_threads_run_each_replica_in_the_same_thread_every_step_in_the_callers_grad_mode():
+    import threading
+
+    from fasttrain.parallel import ReplicaThreads
+
+    threads = ReplicaThreads(2)
+    a, b = _Probe(), _Probe()
+    for step in range(3):
+        out = threads.run([a, b], [(torch.tensor(1.0),), torch.tensor(2.0)], [{}, {}], [None, None])
+        assert [float(o) for o in out] == [1.0, 2.0] and all(o.requires_grad for o in out)
+    with torch.no_grad():
+        out = threads.run([a, b], [(torch.tensor(1.0),), (torch.tensor(2.0),)], [{}, {}], [None, None])
+    assert not any(o.requires_grad for o in out)
+    assert len(set(a.threads)) == 1 and len(set(b.threads)) == 1  # one thread each, all four steps
+    assert a.threads[0] != b.threads[0] and threading.get_ident() not in a.threads + b.threads
+
+
+def test_a_failing_replica_raises_in_the_caller():
+    from fasttrain.parallel import ReplicaThreads
+
+    with pytest.raises(ValueError, match="replica failed"):
+        ReplicaThreads(2).run([_Probe(), _Probe(fail=True)], [(torch.tensor(1.0),)] * 2, [{}, {}], [None, None])
