@@ -103,10 +103,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """The generators' states as rng_state() took them. They are byte tensors that torch wants on
+    the CPU, and a checkpoint loaded onto the GPU (map_location) brings them there."""
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):

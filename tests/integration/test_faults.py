@@ -65,6 +65,36 @@ def test_a_signal_mid_epoch_checkpoints_at_the_step_and_the_next_run_resumes_to_
     assert train_metrics(stopped, variant)["final_train_loss"] == train_metrics(whole, variant)["final_train_loss"]
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graphs,scheduler", [(False, "onecycle"), (True, "plateau")])
+def test_a_sigterm_on_the_gpu_resumes_to_the_same_weights_with_deterministic_kernels(tmp_path, graphs, scheduler):
+    """train.deterministic on a GPU, single-bf16 AlexNet at 227 px (where every kernel it runs has a
+    deterministic form): stopped by SIGTERM at epoch 2, step 3, and resumed, it ends bit for bit
+    where the uninterrupted run ends, eagerly (onecycle: the lr moves every step) and replayed from
+    CUDA graphs (captured again after the resume)."""
+    params = {"data": {"synthetic_train_size": 512, "augment": True}, "model": {"name": "alexnet"},
+              "train": {"epochs": 3, "batch_size": 32, "img_size": 227, "device": "cuda", "deterministic": True,
+                        "cuda_graphs": True, "scheduler": scheduler}}  # onecycle: eager (graphs.unavailable_reason)
+    cmd = ["fasttrain", "train", "--parallel", "single", "--precision", "bf16"]
+    whole = scratch_repo(tmp_path / "whole", params)
+    run(["fasttrain", "download"], whole)
+    run(cmd, whole, timeout=600)
+    stopped = scratch_repo(tmp_path / "stopped", params)
+    shutil.copytree(whole / "data", stopped / "data")
+    first = run(cmd, stopped, timeout=600, check=False, env={"FASTTRAIN_FAULT_SIGNAL_AT": "SIGTERM:0:2:3"})
+    assert first.returncode == EXIT_PREEMPTED, first.stderr[-3000:]
+    assert "at epoch 2, step 3;" in first.stderr.strip().splitlines()[-1]
+    again = run(cmd, stopped, timeout=600)
+    assert "after epoch 1 and 3 step(s) of epoch 2" in again.stderr
+    metrics = train_metrics(stopped, "single-bf16")
+    assert metrics["deterministic"] is True and metrics["device"] != "cpu"
+    assert metrics["cuda_graphs"] is graphs
+    assert_same_state(final_model(stopped, "single-bf16"), final_model(whole, "single-bf16"))
+    assert per_epoch(stopped, "single-bf16") == per_epoch(whole, "single-bf16")
+
+
 _SAVER = textwrap.dedent("""
     import os, signal, sys, torch
     from fasttrain import atomic, checkpoint, parallel, preemption
