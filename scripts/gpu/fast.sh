@@ -39,9 +39,13 @@ one() {  # one run: config number $1, config $2, seed $3; its log is printed in 
   python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
   {
     echo "config $n: $config seed $seed"
+    local t0 t1 t2
+    t0=$(date +%s.%N)
     FASTTRAIN_LOCK_DIR=$d ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
+    t1=$(date +%s.%N)
     FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16
-    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n <<'PY'
+    t2=$(date +%s.%N)
+    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n $t0 $t1 $t2 <<'PY'
 import json, sys
 t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
@@ -49,6 +53,10 @@ row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]
 row["jobs"] = int(sys.argv[3])  # runs sharing the GPU: above 1, the seconds are not the recipe's
 row["config"] = int(sys.argv[4])  # its number: the N of its curve, epochs-N-SEED.csv
+t0, t1, t2 = map(float, sys.argv[5:8])  # each command's wall time, start-up and compile included
+row["train_wall_seconds"], row["evaluate_wall_seconds"] = round(t1 - t0, 2), round(t2 - t1, 2)
+for k in ("eval_seconds", "capture_seconds", "first_epoch_seconds"):
+    row[k] = t.get(k)
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
     cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch

@@ -180,7 +180,9 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
             f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
-           "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels, "compile_seconds": round(compile_seconds, 3),
+           "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels,
+           "space_to_depth": cfg.space_to_depth, "separable_max_pool": cfg.separable_max_pool,
+           "compile_seconds": round(compile_seconds, 3),
            "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
            "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
            "paths": results}
@@ -239,6 +241,8 @@ def to_markdown(result: dict) -> str:
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
         name += ", 8 channels (pad_channels)" if case.get("pad_channels") else ""
+        name += ", space-to-depth first conv" if case.get("space_to_depth") else ""
+        name += ", separable max pools" if case.get("separable_max_pool") else ""
         for path, r in case["paths"].items():
             if path == "gpu_loader":
                 path += " (Triton kernel)" if case.get("gpu_loader_kernel") else " (tensor ops)"

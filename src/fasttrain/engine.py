@@ -15,7 +15,8 @@ from torch import nn
 
 from fasttrain import config, parallel
 from fasttrain.loaders import pad_channels
-from fasttrain.models import PADDED_CHANNELS, build_model, pad_first_conv
+from fasttrain.models import (PADDED_CHANNELS, build_model, pad_first_conv, separable_max_pools,
+                              space_to_depth_first_conv)
 from fasttrain.precision import AutocastForward, Precision
 
 
@@ -39,6 +40,10 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     model = build_model(params.model.name, num_classes).to(rt.device)
     if cfg.pad_channels:
         model = pad_first_conv(model, params.model.name)
+    if cfg.space_to_depth:
+        model = space_to_depth_first_conv(model, params.model.name)
+    if cfg.separable_max_pool:
+        model = separable_max_pools(model, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)

@@ -42,12 +42,13 @@ class ChannelPaddedConv2d(nn.Conv2d):
         return super()._conv_forward(input, weight, bias)
 
 
-def first_conv(model: nn.Module, name: str) -> nn.Conv2d:
-    """The convolution the image goes into; train.pad_channels needs it to be a plain Conv2d on 3
-    channels that comes first (alexnet, vgg, resnet; not a model that transforms its input first)."""
+def first_conv(model: nn.Module, name: str, key: str = "train.pad_channels") -> nn.Conv2d:
+    """The convolution the image goes into; train.pad_channels and train.space_to_depth need it to
+    be a plain Conv2d on 3 channels that comes first (alexnet, vgg, resnet; not a model that
+    transforms its input first)."""
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     if conv is None or conv.in_channels != 3 or conv.groups != 1 or getattr(model, "transform_input", False):
-        raise FasttrainError(f"train.pad_channels: true needs a model whose first layer is a 3-channel "
+        raise FasttrainError(f"{key}: true needs a model whose first layer is a 3-channel "
                              f"Conv2d, which {name} is not: set it to false")
     return conv
 
@@ -55,6 +56,85 @@ def first_conv(model: nn.Module, name: str) -> nn.Conv2d:
 def pad_first_conv(model: nn.Module, name: str) -> nn.Module:
     """Lets the model take input padded to PADDED_CHANNELS channels (see ChannelPaddedConv2d)."""
     first_conv(model, name).__class__ = ChannelPaddedConv2d
+    return model
+
+
+def space_to_depth(x: torch.Tensor, block: int) -> torch.Tensor:
+    """(N, C, H, W) -> (N, block*block*C, H/block, W/block): each block x block tile of pixels becomes
+    one pixel of block*block*C channels, ordered (row in the tile, column in the tile, channel).
+    Built from the channels_last view (N, H, W, C), so a channels_last input gives a channels_last
+    output in one copy."""
+    n, c, h, w = x.shape
+    t = x.permute(0, 2, 3, 1).reshape(n, h // block, block, w // block, block, c)
+    t = t.permute(0, 1, 3, 2, 4, 5).reshape(n, h // block, w // block, block * block * c)
+    return t.permute(0, 3, 1, 2)
+
+
+class SpaceToDepthConv2d(nn.Conv2d):
+    """A strided Conv2d (train.space_to_depth) computed as a stride-1 convolution over the
+    space-to-depth input. AlexNet's first layer, 11x11 at stride 4 on 3 channels, becomes a 3x3
+    convolution on 48 channels: the same sums of the same products (the weight zero-padded to 12x12
+    and cut into 4x4 tiles, the input tiled alike), but a shape that tensor cores fill, where 3
+    channels leave them almost idle. Parameters, state_dict and checkpoints are the plain Conv2d's.
+
+    Along one side, output i of the plain convolution is sum over t < k of xp[s*i + t] * w[t], with xp
+    the input padded by p before it. With t = s*a + b (b < s, a < K = ceil(k / s)) that is
+    sum over a, b of z[i + a][b] * w[s*a + b], where z[j][b] = xp[s*j + b]: a K-tap convolution of z.
+    z needs xp up to s*(n + K - 1), n the output length; the padding after the input is whatever
+    makes that length (it may cut input that no output reads)."""
+
+    def _conv_forward(self, input, weight, bias):
+        s, k, p = self.stride[0], self.kernel_size[0], self.padding[0]
+        taps = -(-k // s)  # K
+        h, w = input.shape[-2:]
+        n_h, n_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        length_h, length_w = s * (n_h + taps - 1), s * (n_w + taps - 1)
+        x = F.pad(input, (p, length_w - w - p, p, length_h - h - p))  # negative: cut
+        x = space_to_depth(x, s)
+        o, c = weight.shape[:2]
+        weight = F.pad(weight, (0, taps * s - k, 0, taps * s - k))
+        weight = weight.reshape(o, c, taps, s, taps, s).permute(0, 3, 5, 1, 2, 4).reshape(o, s * s * c, taps, taps)
+        if input.is_contiguous(memory_format=torch.channels_last):
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        return F.conv2d(x, weight, bias, 1, 0)
+
+
+def space_to_depth_first_conv(model: nn.Module, name: str) -> nn.Module:
+    """Computes the model's first convolution the space-to-depth way (see SpaceToDepthConv2d)."""
+    conv = first_conv(model, name, "train.space_to_depth")
+    square = (conv.kernel_size[0] == conv.kernel_size[1] and conv.stride[0] == conv.stride[1]
+              and not isinstance(conv.padding, str) and conv.padding[0] == conv.padding[1])
+    if not square or conv.stride[0] < 2 or conv.dilation != (1, 1) or conv.padding_mode != "zeros":
+        raise FasttrainError(f"train.space_to_depth: true needs a first convolution with a square kernel, "
+                             f"one stride > 1 and plain zero padding, which {name}'s (kernel "
+                             f"{conv.kernel_size}, stride {conv.stride}) is not: set it to false")
+    conv.__class__ = SpaceToDepthConv2d
+    return model
+
+
+class SeparableMaxPool2d(nn.MaxPool2d):
+    """A MaxPool2d (train.separable_max_pool) taken as a max over each window's rows, then over
+    those row maxima. A window's maximum is the same either way. The gradient goes to the same
+    pixel: torch's pooling takes the first maximum in reading order, and the first row holding the
+    maximum, then its first column holding it, is that pixel. Only sums of gradients that reach
+    one pixel from several windows may add in another order. Each pass looks at 3 pixels where the
+    square window looks at 9, which the compiled backward pays for again and again."""
+
+    def forward(self, input):
+        k, s, p, d = (nn.modules.utils._pair(v) for v in (self.kernel_size, self.stride or self.kernel_size,
+                                                         self.padding, self.dilation))
+        rows = F.max_pool2d(input, (1, k[1]), (1, s[1]), (0, p[1]), (1, d[1]), self.ceil_mode)
+        return F.max_pool2d(rows, (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), self.ceil_mode)
+
+
+def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
+    """Every MaxPool2d of the model taken the separable way (see SeparableMaxPool2d)."""
+    pools = [m for m in model.modules() if type(m) is nn.MaxPool2d]
+    if not pools or any(m.return_indices for m in pools):
+        raise FasttrainError(f"train.separable_max_pool: true needs a model with MaxPool2d layers (that do not "
+                             f"return indices), which {name} is not: set it to false")
+    for m in pools:
+        m.__class__ = SeparableMaxPool2d
     return model
 
 

@@ -32,7 +32,7 @@ from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, input_channels, input_dtype,
                               nondeterministic_ops_recorded, set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import Loader, make_eval_loader, make_train_loader
-from fasttrain.models import build_model, check_img_size, first_conv
+from fasttrain.models import build_model, check_img_size, first_conv, separable_max_pools, space_to_depth_first_conv
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
@@ -57,6 +57,15 @@ def check_train(params: config.Params, world_size: int) -> None:
                                  "gives 3 channels): set it to false or use the gpu loader")
         with torch.device("meta"):
             first_conv(build_model(params.model.name, 10), params.model.name)
+    if cfg.space_to_depth:
+        if cfg.pad_channels:
+            raise FasttrainError("train.space_to_depth and train.pad_channels are both true: choose one "
+                                 "(space-to-depth's 48 channels need no padding): set pad_channels to false")
+        with torch.device("meta"):
+            space_to_depth_first_conv(build_model(params.model.name, 10), params.model.name)
+    if cfg.separable_max_pool:
+        with torch.device("meta"):
+            separable_max_pools(build_model(params.model.name, 10), params.model.name)
     if cfg.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
@@ -540,7 +549,8 @@ def _finish(run: _Run, wall_start: float) -> dict:
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "compile", "progressive_epochs", "progressive_size", "adam_beta2", "deterministic")
+               "space_to_depth", "separable_max_pool", "compile", "progressive_epochs", "progressive_size",
+               "adam_beta2", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 
 

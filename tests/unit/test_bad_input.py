@@ -152,6 +152,13 @@ CASES = {
     "padded channels with the torchvision loader": Case(
         TRAIN, "train.pad_channels: true needs data.loader: gpu (the torchvision loader gives 3 channels)",
         {"data": {"loader": "torchvision"}, "train": {"pad_channels": True}}),
+    "space-to-depth with padded channels": Case(
+        TRAIN, "train.space_to_depth and train.pad_channels are both true: choose one",
+        {"train": {"space_to_depth": True, "pad_channels": True}}),
+    "space-to-depth on a first conv of stride 1": Case(
+        TRAIN, "train.space_to_depth: true needs a first convolution with a square kernel, one stride > 1 and plain "
+        "zero padding, which vgg11's (kernel (3, 3), stride (1, 1)) is not: set it to false",
+        {"model": {"name": "vgg11"}, "train": {"space_to_depth": True}}),
     "gradient clipping at 0": Case(TRAIN, "train.grad_clip = 0.0 is out of range: must be null (off) or a number > 0",
                                    {"train": {"grad_clip": 0}}),
     "gradient clipping a string": Case(TRAIN, "train.grad_clip must be a number or null, got 'yes'",

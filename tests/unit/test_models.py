@@ -12,6 +12,11 @@ from fasttrain.models import (
     first_conv,
     min_img_size,
     pad_first_conv,
+    SeparableMaxPool2d,
+    SpaceToDepthConv2d,
+    separable_max_pools,
+    space_to_depth,
+    space_to_depth_first_conv,
 )
 from fasttrain.precision import PRECISIONS, AutocastForward
 
@@ -75,4 +80,161 @@ def test_pad_channels_refuses_a_model_it_cannot_pad_in_one_line(model):
     with pytest.raises(FasttrainError, match="train.pad_channels: true needs a model whose first layer is a "
                                              "3-channel Conv2d, which toy is not: set it to false") as e:
         first_conv(model, "toy")
+    assert "\n" not in str(e.value)
+
+
+# --- train.space_to_depth -------------------------------------------------------------------------
+
+def _plain_and_space_to_depth(name: str, dtype=torch.float64, device="cpu"):
+    torch.manual_seed(0)
+    plain = build_model(name, 10).to(device, dtype).eval()  # eval: no dropout, the two forwards must match
+    s2d = space_to_depth_first_conv(build_model(name, 10), name).to(device, dtype).eval()
+    s2d.load_state_dict(plain.state_dict())  # the same parameters, the same keys and shapes
+    return plain, s2d
+
+
+def test_space_to_depth_tiles_pixels_into_channels():
+    """A hand-made 4x4 image of 2 channels in 2x2 tiles: each output pixel holds its tile's values,
+    ordered (row in the tile, column in the tile, channel)."""
+    x = torch.arange(32.).reshape(1, 2, 4, 4)  # channel 0: 0..15, channel 1: 16..31
+    y = space_to_depth(x, 2)
+    assert y.shape == (1, 8, 2, 2)
+    assert y[0, :, 0, 0].tolist() == [0, 16, 1, 17, 4, 20, 5, 21]  # top-left tile: rows 0-1, columns 0-1
+    assert y[0, :, 1, 1].tolist() == [10, 26, 11, 27, 14, 30, 15, 31]
+    assert space_to_depth(x.contiguous(memory_format=torch.channels_last), 2).is_contiguous(
+        memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("name,size", [("alexnet", 227), ("alexnet", 224), ("alexnet", 160), ("alexnet", 63),
+                                       ("alexnet", 70), ("resnet18", 64), ("resnet18", 33)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_space_to_depth_first_conv_is_the_plain_convolution_in_float64(name, size, channels_last):
+    """AlexNet's 11x11 stride-4 conv (and resnet's 7x7 stride 2) at sizes whose padding after the
+    image is added, exact and cut: outputs and every parameter's gradient as the plain model's to
+    float64 rounding, and the checkpoint loads into a bare torchvision model."""
+    plain, s2d = _plain_and_space_to_depth(name)
+    assert isinstance(next(m for m in s2d.modules() if isinstance(m, torch.nn.Conv2d)), SpaceToDepthConv2d)
+    x = torch.rand(2, 3, size, size, dtype=torch.float64)
+    if channels_last:
+        s2d = s2d.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    out, out_s2d = plain(x), s2d(x)
+    torch.testing.assert_close(out_s2d, out, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(out)  # a loss whose gradient differs per output
+    (out * weights).sum().backward()
+    (out_s2d * weights).sum().backward()
+    for (key, p), q in zip(plain.named_parameters(), s2d.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=key)
+    bare = torchvision.models.get_model(name, num_classes=10)
+    bare.load_state_dict(s2d.state_dict(), strict=True)  # checkpoints stay plain torchvision ones
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_space_to_depth_first_conv_on_the_gpu_matches_the_plain_one(dtype):
+    """On cuDNN, channels_last, under autocast as training runs it: the first conv's output and
+    weight gradient as the plain layer's within the precision's rounding (sums in another order)."""
+    torch.manual_seed(0)
+    plain = torch.nn.Conv2d(3, 64, 11, 4, 2).cuda().to(memory_format=torch.channels_last)
+    s2d = torch.nn.Conv2d(3, 64, 11, 4, 2).cuda().to(memory_format=torch.channels_last)
+    s2d.load_state_dict(plain.state_dict())
+    s2d.__class__ = SpaceToDepthConv2d
+    x = torch.rand(64, 3, 227, 227, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32), \
+            torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # float32 as float32, not TF32
+        out, out_s2d = plain(x), s2d(x)
+        tol = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}[dtype]
+        scale = out.float().abs().max().item()
+        assert (out_s2d.float() - out.float()).abs().max().item() <= tol * scale
+        g = torch.randn_like(out)
+        out.backward(g), out_s2d.backward(g)
+    grad_scale = plain.weight.grad.float().abs().max().item()
+    assert (s2d.weight.grad.float() - plain.weight.grad.float()).abs().max().item() <= tol * grad_scale
+    assert (s2d.bias.grad.float() - plain.bias.grad.float()).abs().max().item() <= tol * plain.bias.grad.abs().max().item()
+
+
+@pytest.mark.parametrize("model,reason", [
+    (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=1)), "stride (1, 1)"),  # nothing to tile
+    (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=(2, 1))), "stride (2, 1)"),
+    (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, dilation=2)), "stride (2, 2)"),
+    (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, padding_mode="reflect")), "stride (2, 2)"),
+])
+def test_space_to_depth_refuses_a_first_conv_it_cannot_tile_in_one_line(model, reason):
+    with pytest.raises(FasttrainError, match=r"train.space_to_depth: true needs a first convolution with a square "
+                                             r"kernel, one stride > 1 and plain zero padding, which toy's .*"
+                                             + reason.replace("(", r"\(").replace(")", r"\)")) as e:
+        space_to_depth_first_conv(model, "toy")
+    assert "\n" not in str(e.value)
+    with pytest.raises(FasttrainError, match="train.space_to_depth: true needs a model whose first layer is a 3-channel"):
+        space_to_depth_first_conv(torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, stride=2)), "toy")
+
+
+# --- train.separable_max_pool ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel,stride,padding,ceil_mode", [(3, 2, 0, False), (3, 2, 1, False), (2, 2, 0, False),
+                                                             (3, 2, 0, True), (3, 1, 1, False)])
+def test_separable_max_pool_takes_the_same_maximum_and_gives_its_gradient_to_the_same_pixel(kernel, stride, padding,
+                                                                                            ceil_mode):
+    """Inputs of small integers after a ReLU, so most windows hold ties (zeros and equal values):
+    the values are equal exactly, and the gradient lands on the same pixel as torch's pooling picks
+    (only a pixel that several windows feed may sum in another order)."""
+    torch.manual_seed(0)
+    plain = torch.nn.MaxPool2d(kernel, stride, padding, ceil_mode=ceil_mode)
+    separable = SeparableMaxPool2d(kernel, stride, padding, ceil_mode=ceil_mode)
+    for channels_last in (False, True):
+        x = torch.randint(-3, 4, (3, 5, 29, 30), dtype=torch.float64).relu()
+        x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, out_sep = plain(a), separable(b)
+        assert torch.equal(out_sep, out)
+        g = torch.randn_like(out)
+        out.backward(g), out_sep.backward(g)
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12)
+        assert torch.equal(b.grad != 0, a.grad != 0)  # the same pixels
+
+
+def test_separable_max_pools_make_the_same_alexnet():
+    torch.manual_seed(0)
+    plain = build_model("alexnet", 10).double().eval()
+    separable = separable_max_pools(build_model("alexnet", 10), "alexnet").double().eval()
+    separable.load_state_dict(plain.state_dict())
+    assert sum(isinstance(m, SeparableMaxPool2d) for m in separable.modules()) == 3
+    x = torch.rand(2, 3, 227, 227, dtype=torch.float64)
+    out, out_sep = plain(x), separable(x)
+    torch.testing.assert_close(out_sep, out, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    out.backward(g), out_sep.backward(g)
+    for (key, p), q in zip(plain.named_parameters(), separable.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=key)
+
+
+@pytest.mark.gpu
+def test_separable_max_pool_on_the_gpu_is_torchs_pooling_in_bf16():
+    """bf16, channels_last, AlexNet's first pool's shape, values rounded so that windows hold ties:
+    the values equal bit for bit; an output gradient of ones gives each pixel the count of windows
+    that picked it, exact in bf16, so equal counts mean the same pixels were picked; a random
+    gradient then agrees within bf16's rounding: the separable way rounds a partial sum to bf16
+    on the way, so a pixel may differ by a few units of 2^-8 of the sum of its windows' |gradients|."""
+    torch.manual_seed(0)
+    x = (torch.randn(64, 64, 55, 55, device="cuda") * 4).round().relu().to(torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    plain, separable = torch.nn.MaxPool2d(3, 2), SeparableMaxPool2d(3, 2)
+    for g in ("ones", "randn"):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, out_sep = plain(a), separable(b)
+        assert torch.equal(out_sep, out)
+        grad = torch.ones_like(out) if g == "ones" else torch.randn_like(out)
+        out.backward(grad), out_sep.backward(grad)
+        if g == "ones":
+            assert torch.equal(b.grad, a.grad)
+        else:
+            magnitude = x.float().requires_grad_()
+            plain(magnitude).backward(grad.abs().float())  # per pixel: the sum of its windows' |gradients|
+            assert ((b.grad.float() - a.grad.float()).abs() <= 2**-6 * magnitude.grad).all()
+
+
+def test_separable_max_pool_refuses_a_model_without_max_pooling_in_one_line():
+    with pytest.raises(FasttrainError, match="train.separable_max_pool: true needs a model with MaxPool2d layers "
+                                             r"\(that do not return indices\), which toy is not: set it to false") as e:
+        separable_max_pools(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AvgPool2d(2)), "toy")
     assert "\n" not in str(e.value)
