@@ -70,6 +70,12 @@ def test_under_amp_the_metrics_count_the_steps_gradscaler_skipped_and_give_its_f
 
 
 def test_the_seed_is_recorded_and_decides_the_run(tmp_path):
+    """The seed decides the initial weights on its own (the data order and dropout would tell two
+    trained models apart without it), and a whole run: the same seed trains the same weights."""
+    rt = parallel.setup("single", "cpu")
+    initial = {seed: engine.build_trainable(_params(seed=seed), PRECISIONS["fp32"], rt, 10).raw.state_dict()
+               for seed in (5, 6)}
+    assert not all(torch.equal(initial[5][k], initial[6][k]) for k in initial[5])
     weights, metrics = {}, {}
     for name, seed in (("a", 5), ("b", 5), ("c", 6)):
         layout = _layout(tmp_path / name)
