@@ -189,10 +189,13 @@ _WRITER = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["half", "loop"])
 def test_sigkill_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode):
-    """`half`: killed at a known point, half-way through the bytes: the previous checkpoint stays.
+    """`half`: killed at a known point, half-way through the bytes: the previous checkpoint stays
+    (a save written in place fails here, not in `loop`).
     `loop`: killed right after a stream of 128 MB saves has finished its second (marker 3), most
-    likely inside the third: the last finished save is kept, or the one in flight if it got as far
-    as its rename, never a mix. A temporary `.last.pt.*.tmp` may be left behind; the next save removes it."""
+    likely while the writer builds the next tensor, before its file is opened: the last finished
+    save is kept, or the next if it got as far as its rename, never an older one (a save that does
+    not replace the file fails here). A temporary `.last.pt.*.tmp` may be left behind; the next save
+    removes it."""
     path = tmp_path / "last.pt"
     checkpoint.save(_checkpoint(1), path)
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), mode], stdout=subprocess.PIPE, text=True)
