@@ -28,11 +28,13 @@ def test_detached_run_outlives_its_call_and_a_later_call_collects_it(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     flag = tmp_path / "go"
-    script = f"echo the command speaks; while [ ! -e {flag} ]; do sleep 0.1; done; echo result > {run_dir}/out/r.txt; exit 3"
+    # What the command prints is not in its own text, which the starting call echoes.
+    script = (f"echo the command says $((6 * 7)); while [ ! -e {flag} ]; do sleep 0.1; done; "
+              f"echo result > {run_dir}/out/r.txt; exit 3")
 
     first = detached(run_dir, 1, "--", "bash", "-c", script, out=out)
     assert first.returncode == 75, first.stdout + first.stderr  # still running when the call ends
-    assert "the command speaks" in first.stdout and "still running" in first.stdout  # the log's tail
+    assert "the command says 42" in first.stdout and "still running" in first.stdout  # the log's tail
     assert not (run_dir / "rc").exists() and list(out.iterdir()) == []
 
     again = detached(run_dir, 1, "--", "echo", "a second command", out=out)  # never starts another
@@ -41,7 +43,7 @@ def test_detached_run_outlives_its_call_and_a_later_call_collects_it(tmp_path):
     flag.touch()
     done = detached(run_dir, 30, out=out)
     assert done.returncode == 3, done.stdout + done.stderr  # the command's own exit status
-    assert "ended with exit status 3" in done.stdout
+    assert "ended with exit status 3" in done.stdout and "the command says 42" in done.stdout
     assert (out / "r.txt").read_text() == "result\n"
     assert "a second command" not in (run_dir / "log").read_text()
 
