@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow
 
 def test_bench_writes_every_path_and_ratio(tiny_repo):
     run(["fasttrain", "download"], tiny_repo)
-    # --matmul-size 512, the CPU's cap: a real peak, which the model's FLOP/s stay under (a 64^3
-    # product runs so far below the CPU's peak that MFU reads 30-60)
+    # --matmul-size 512, the CPU's cap: a real peak, which the model's FLOP/s stay well under (MFU
+    # 0.04-0.05 on a 2-core machine; against a 64^3 product's far lower rate, 0.65-0.75: this bound
+    # catches a wrong formula, and test_ratios_and_mfu_by_hand the cap)
     out = run(["fasttrain", "bench", "--case", "16:fp32", "--case", "16:bf16", "--warmup-steps", "1",
                "--min-steps", "2", "--min-seconds", "0", "--matmul-size", "512", "--rounds", "3"], tiny_repo)
     result = json.loads((tiny_repo / "metrics" / "bench.json").read_text())
@@ -89,7 +90,8 @@ def test_ratios_and_mfu_by_hand(tmp_path, monkeypatch):
         return {"images_per_second": rounds[which(batches)].pop(0), "steps": 2, "seconds": 1.0}
 
     monkeypatch.setattr(bench, "time_steps", time_steps)
-    monkeypatch.setattr(bench, "matmul_peak_tflops", lambda device, size: 2.0)
+    peak_sizes = []
+    monkeypatch.setattr(bench, "matmul_peak_tflops", lambda device, size: (peak_sizes.append(size), 2.0)[1])
     monkeypatch.setattr(bench, "flops_per_image", lambda name, size, classes: 4e9)
     params, layout = _bench_fixture(tmp_path)
     (case,) = bench.bench(params, [bench.parse_case("16:bf16")], layout, rounds=3, log=lambda msg: None)["cases"]
@@ -97,6 +99,7 @@ def test_ratios_and_mfu_by_hand(tmp_path, monkeypatch):
         "torchvision_workers_0": (100.0, 0.2), "gpu_loader": (300.0, 0.6), "compute_ceiling": (400.0, 0.8)}
     assert case["gpu_loader_over_torchvision_workers_0"] == 3.0 and case["gpu_loader_over_compute_ceiling"] == 0.75
     assert all(r == [] for r in rounds.values())  # every round of every path timed
+    assert peak_sizes == [512]  # bench's default matmul_size, 8192, capped on the CPU
 
 
 @pytest.mark.parametrize("case", ["64:fp8", "64:amp:compile=reduce-overhead", "64:amp:jit"])
