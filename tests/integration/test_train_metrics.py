@@ -69,20 +69,26 @@ def test_under_amp_the_metrics_count_the_steps_gradscaler_skipped_and_give_its_f
     assert math.isfinite(metrics["final_train_loss"])  # the loss itself was finite: a skip is no failure
 
 
-def test_the_seed_is_recorded_and_decides_the_run(tmp_path):
-    """The seed decides the initial weights on its own (the data order and dropout would tell two
-    trained models apart without it), and a whole run: the same seed trains the same weights."""
+def test_the_seed_is_recorded_and_decides_the_run(tmp_path, monkeypatch):
+    """The seed decides the initial weights and the order of the training images, each on its own
+    (either would tell two trained models apart without the other), and a whole run: the same seed
+    trains the same weights."""
     rt = parallel.setup("single", "cpu")
     initial = {seed: engine.build_trainable(_params(seed=seed), PRECISIONS["fp32"], rt, 10).raw.state_dict()
                for seed in (5, 6)}
     assert not all(torch.equal(initial[5][k], initial[6][k]) for k in initial[5])
-    weights, metrics = {}, {}
+    weights, metrics, labels = {}, {}, {}
+    real_step = engine.train_step
+    monkeypatch.setattr("fasttrain.train.train_step", lambda t, p, x, y: (labels[name].append(y.tolist()),
+                                                                          real_step(t, p, x, y))[1])
     for name, seed in (("a", 5), ("b", 5), ("c", 6)):
+        labels[name] = []
         layout = _layout(tmp_path / name)
         metrics[name] = train(_params(seed=seed), PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout,
                               log=lambda m: None)
         weights[name] = torch.load(layout.model("single-fp32"), weights_only=True)["model"]
     assert [m["seed"] for m in metrics.values()] == [5, 5, 6]
+    assert labels["a"] == labels["b"] and labels["a"] != labels["c"]  # the images' order, by the labels
     assert metrics["a"]["grad_scaler_final_scale"] is None and metrics["a"]["grad_scaler_skipped_steps"] == 0  # fp32
     assert all(torch.equal(weights["a"][k], weights["b"][k]) for k in weights["a"])
     assert not all(torch.equal(weights["a"][k], weights["c"][k]) for k in weights["a"])
