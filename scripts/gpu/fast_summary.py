@@ -4,9 +4,11 @@
 
 One row per configuration (the overrides string of the runs): how many runs, how many ended below
 MARK, test accuracy min / median / max, the loss change at the switch to the final size (the first
-epoch at the last size's mean train loss over the epoch before's, from each run's curve), and the
+epoch at the last size's mean train loss over the epoch before's, from each run's curve), the
 runs that collapsed: whose per-epoch test accuracy fell below --collapse after having reached twice
-that. With --runs, one row per run instead: its seconds and accuracy.
+that, and the runs set back: an epoch whose test accuracy fell by more than --setback from the
+epoch before's. A run whose curve is missing counts in the accuracy columns only, and the table
+says so. With --runs, one row per run instead: its seconds and accuracy.
 
 Each OUTDIR holds `fast.jsonl` and the curves `epochs-N-SEED.csv`, N numbering the configurations
 in the order fast.sh was given them. Rows without N (no "config" field: fast.jsonl files written
@@ -35,8 +37,10 @@ def load_runs(folder: Path, configs: list[str]) -> list[dict]:
             n = configs.index(row["overrides"]) + 1
         row["config"] = n
         curve = folder / f"epochs-{n}-{row['seed']}.csv"
-        with open(curve) as f:
-            row["curve"] = [{k: float(v) if v else None for k, v in r.items()} for r in csv.DictReader(f)]
+        row["curve"] = None
+        if curve.exists():
+            with open(curve) as f:
+                row["curve"] = [{k: float(v) if v else None for k, v in r.items()} for r in csv.DictReader(f)]
         runs.append(row)
     return runs
 
@@ -58,18 +62,30 @@ def collapse_epoch(curve: list[dict], below: float) -> int | None:
     return None
 
 
-def config_table(runs: list[dict], mark: float, below: float) -> list[str]:
+def largest_drop(curve: list[dict]) -> tuple[int, float]:
+    """The epoch whose test accuracy fell most from the epoch before's, and by how much (0: never)."""
+    drops = [(int(b["epoch"]), a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(curve, curve[1:])]
+    return max(drops, key=lambda d: d[1], default=(0, 0.0))
+
+
+def config_table(runs: list[dict], mark: float, below: float, setback: float = 0.1) -> list[str]:
     lines = [f"| configuration | runs | below {mark} | test accuracy min / median / max | loss at the switch | "
-             f"collapses (seed: epoch) |", "|---|---:|---:|---|---|---|"]
+             f"collapses (seed: epoch) | set back by > {setback} (seed: epoch, change) |", "|---|---:|---:|---|---|---|---|"]
     for overrides in dict.fromkeys(r["overrides"] for r in sorted(runs, key=lambda r: r["config"])):
         mine = sorted((r for r in runs if r["overrides"] == overrides), key=lambda r: r["seed"])
         acc = [r["test_accuracy"] for r in mine]
-        changes = [c for c in map(switch_change, (r["curve"] for r in mine)) if c is not None]
+        curved = [r for r in mine if r["curve"] is not None]
+        changes = [c for c in map(switch_change, (r["curve"] for r in curved)) if c is not None]
         change = f"×{min(changes):.2f} to ×{max(changes):.2f}" if changes else "(no switch)"
-        collapses = [(r["seed"], collapse_epoch(r["curve"], below)) for r in mine]
+        collapses = [(r["seed"], collapse_epoch(r["curve"], below)) for r in curved]
         collapsed = "; ".join(f"{s}: epoch {e}" for s, e in collapses if e is not None) or "none"
+        drops = [(r["seed"], *largest_drop(r["curve"])) for r in curved]
+        set_back = "; ".join(f"{s}: epoch {e}, -{d:.2f}" for s, e, d in drops if d > setback) or "none"
+        if len(curved) < len(mine):
+            missing = ", ".join(str(r["seed"]) for r in mine if r["curve"] is None)
+            set_back += f" (no curve for seed {missing})"
         lines.append(f"| `{overrides}` | {len(acc)} | {sum(a < mark for a in acc)} | {min(acc):.4f} / "
-                     f"{statistics.median(acc):.4f} / {max(acc):.4f} | {change} | {collapsed} |")
+                     f"{statistics.median(acc):.4f} / {max(acc):.4f} | {change} | {collapsed} | {set_back} |")
     return lines
 
 
@@ -88,11 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--mark", type=float, default=0.84, help="the test accuracy a run must reach (0.84)")
     ap.add_argument("--collapse", type=float, default=0.2, help="test accuracy that counts as a collapse (0.2)")
+    ap.add_argument("--setback", type=float, default=0.1,
+                    help="a fall of test accuracy from one epoch to the next that counts as a set-back (0.1)")
     ap.add_argument("--runs", action="store_true", help="one row per run instead of per configuration")
     ap.add_argument("--configs", default="", help="fast.sh's configurations, for rows without a number")
     args = ap.parse_args(argv)
     runs = [r for folder in args.folders for r in load_runs(folder, args.configs.split())]
-    print("\n".join(run_table(runs) if args.runs else config_table(runs, args.mark, args.collapse)))
+    print("\n".join(run_table(runs) if args.runs else config_table(runs, args.mark, args.collapse, args.setback)))
 
 
 if __name__ == "__main__":

@@ -117,9 +117,15 @@ def test_fast_summary_tables_accuracy_the_switch_and_collapses(tmp_path):
     table = fast_summary(tmp_path, "--configs", "a=1 b=2")
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[2:] == [
-        "| `a=1` | 3 | 1 | 0.8300 / 0.8500 / 0.8600 | ×0.90 to ×1.50 | 1: epoch 3 |",
-        "| `b=2` | 1 | 1 | 0.7000 / 0.7000 / 0.7000 | (no switch) | 0: epoch 2 |",
+        "| `a=1` | 3 | 1 | 0.8300 / 0.8500 / 0.8600 | ×0.90 to ×1.50 | 1: epoch 3 | 1: epoch 3, -0.40 |",
+        "| `b=2` | 1 | 1 | 0.7000 / 0.7000 / 0.7000 | (no switch) | 0: epoch 2 | 0: epoch 2, -0.30 |",
     ]
+    assert "set back by > 0.35" in fast_summary(tmp_path, "--configs", "a=1 b=2", "--setback", "0.35").stdout
+    assert fast_summary(tmp_path, "--configs", "a=1 b=2", "--setback", "0.35").stdout.splitlines()[3].endswith(
+        "| 0: epoch 2 | none |")  # a fall of 0.30 is not one of more than 0.35
+    (tmp_path / "epochs-1-2.csv").unlink()  # a run without its curve: counted for accuracy, named
+    assert fast_summary(tmp_path, "--configs", "a=1 b=2").stdout.splitlines()[2].endswith(
+        "| 1: epoch 3, -0.40 (no curve for seed 2) |")
     assert "| 0 | `b=2` | 4 | 17.00 |  | 53,000 | 0.7000 |" in fast_summary(tmp_path, "--configs", "a=1 b=2", "--runs").stdout
     assert "below 0.86" in fast_summary(tmp_path, "--configs", "a=1 b=2", "--mark", "0.86").stdout
 

@@ -61,8 +61,9 @@ def test_config_hash_is_stable_and_sensitive():
 
 def test_the_fast_recipe_is_valid_params_that_train_accepts():
     """recipes/fast.yaml laid over params.yaml as `make fast` lays it (scripts/overlay.py: each section
-    updated key by key): every key known, every value valid, and the train checks (pad_channels with the
-    gpu loader, progressive epochs fewer than epochs, the sizes AlexNet takes) pass before any run."""
+    updated key by key): every key known, every value valid, and the train checks (space_to_depth and
+    separable pools on AlexNet, progressive epochs fewer than epochs, the sizes AlexNet takes) pass
+    before any run."""
     from fasttrain.train import check_train
 
     raw = yaml.safe_load(open("params.yaml"))
@@ -70,6 +71,7 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     for section, values in recipe.items():
         raw[section].update(values)
     p = config.from_dict(raw)
-    assert (p.data.loader, p.train.batch_size, p.train.compile, p.train.pad_channels) == ("gpu", 512, True, True)
+    assert (p.data.loader, p.train.batch_size, p.train.compile) == ("gpu", 512, True)
+    assert (p.train.space_to_depth, p.train.separable_max_pool, p.train.pad_channels) == (True, True, False)
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
