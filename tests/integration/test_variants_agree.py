@@ -7,7 +7,8 @@ On the CPU, `dp` *is* the single path: nn.DataParallel needs CUDA devices, so a 
 trains the bare model in one process and says so in its warnings. "dp equals single" below checks
 that the dp variant falls back to exactly that, not DataParallel; the real DataParallel is checked
 by the GPU-marked tests (test_dp_over_two_gpus_trains_as_single_does here, and test_precision's
-replicas), which a CPU run skips and counts (tests/conftest.py)."""
+replicas), and two-process ddp on two GPUs by test_ddp_over_two_gpus_trains_as_single_does; a CPU
+run skips them and counts them (tests/conftest.py)."""
 
 import csv
 import json
@@ -58,3 +59,18 @@ def test_dp_over_two_gpus_trains_as_single_does(tmp_path):
     assert metrics["dp"]["device_count"] == 2 and DP_ON_CPU not in metrics["dp"]["warnings"]
     for (loss_dp, _, lr_dp), (loss, _, lr) in zip(curves["dp"], curves["single"], strict=True):
         assert float(loss_dp) == pytest.approx(float(loss), rel=1e-2) and lr_dp == lr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ddp_over_two_gpus_trains_as_single_does(tmp_path):
+    """Two NCCL ranks on GPUs 0 and 1, 16 images each, against single's 32 a step: the same batches
+    in the same order (every rank draws the same permutation and augmentation), gradients averaged
+    over the ranks. Dropout differs: each rank draws its own masks (seed + 1 + rank), so the runs
+    are close, not equal: epoch losses within 5%, the same lr schedule, every weight finite."""
+    curves, weights, metrics = _train(tmp_path, ("single", "ddp"), device="cuda", nproc=2)
+
+    assert metrics["ddp"]["world_size"] == 2 and metrics["ddp"]["batch_size"] == metrics["single"]["batch_size"]
+    for (loss_ddp, _, lr_ddp), (loss, _, lr) in zip(curves["ddp"], curves["single"], strict=True):
+        assert float(loss_ddp) == pytest.approx(float(loss), rel=5e-2) and lr_ddp == lr
+    assert all(torch.isfinite(t).all() for t in weights["ddp"].values())
