@@ -39,7 +39,8 @@ def test_an_unknown_variant_is_one_line_naming_the_valid_ones(tiny_repo):
     assert "unknown variant 'single-fp64'" in proc.stderr and "single-fp32" in proc.stderr and "ddp-bf16" in proc.stderr
 
 
-def test_every_command_make_runs_keeps_the_compile_cache_in_the_repository(tiny_repo, tmp_path):
+def test_every_command_make_runs_keeps_the_compile_cache_in_the_repository(tiny_repo, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # `make test` itself sets it, for its checkout
     show = ["make", "-s", "--eval", "show-cache: ; @echo $$TORCHINDUCTOR_CACHE_DIR", "show-cache"]
     assert run(show, tiny_repo).stdout.strip() == str(tiny_repo / ".cache" / "torchinductor")
     moved = run(show, tiny_repo, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "elsewhere")})
