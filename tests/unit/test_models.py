@@ -105,27 +105,48 @@ def test_space_to_depth_tiles_pixels_into_channels():
         memory_format=torch.channels_last)
 
 
-@pytest.mark.parametrize("name,size", [("alexnet", 227), ("alexnet", 224), ("alexnet", 160), ("alexnet", 63),
-                                       ("alexnet", 70), ("resnet18", 64), ("resnet18", 33)])
+@pytest.mark.parametrize("kernel,stride,padding,size", [
+    (11, 4, 2, 227), (11, 4, 2, 224), (11, 4, 2, 160), (11, 4, 2, 70), (11, 4, 2, 63),  # AlexNet's first conv
+    (7, 2, 3, 64), (7, 2, 3, 33), (3, 2, 0, 32),  # resnet's, squeezenet's
+])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_space_to_depth_first_conv_is_the_plain_convolution_in_float64(name, size, channels_last):
-    """AlexNet's 11x11 stride-4 conv (and resnet's 7x7 stride 2) at sizes whose padding after the
-    image is added, exact and cut: outputs and every parameter's gradient as the plain model's to
-    float64 rounding, and the checkpoint loads into a bare torchvision model."""
-    plain, s2d = _plain_and_space_to_depth(name)
-    assert isinstance(next(m for m in s2d.modules() if isinstance(m, torch.nn.Conv2d)), SpaceToDepthConv2d)
+def test_space_to_depth_conv_is_the_plain_convolution_in_float64(kernel, stride, padding, size, channels_last):
+    """At sizes whose padding after the image is added, exact and cut: the output and the weight,
+    bias and input gradients as the plain convolution's to float64 rounding."""
+    torch.manual_seed(0)
+    plain = torch.nn.Conv2d(3, 16, kernel, stride, padding).double()
+    s2d = torch.nn.Conv2d(3, 16, kernel, stride, padding).double()
+    s2d.load_state_dict(plain.state_dict())
+    s2d.__class__ = SpaceToDepthConv2d
     x = torch.rand(2, 3, size, size, dtype=torch.float64)
     if channels_last:
-        s2d = s2d.to(memory_format=torch.channels_last)
+        plain, s2d = plain.to(memory_format=torch.channels_last), s2d.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    out, out_s2d = plain(x), s2d(x)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, out_s2d = plain(a), s2d(b)
     torch.testing.assert_close(out_s2d, out, rtol=1e-12, atol=1e-12)
     weights = torch.randn_like(out)  # a loss whose gradient differs per output
     (out * weights).sum().backward()
     (out_s2d * weights).sum().backward()
+    for got, want in ((s2d.weight.grad, plain.weight.grad), (s2d.bias.grad, plain.bias.grad), (b.grad, a.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_space_to_depth_alexnet_is_the_plain_alexnet_and_loads_into_a_bare_one():
+    """The whole model at 227 px, channels_last: outputs and every parameter's gradient as the plain
+    model's, and the checkpoint is a bare torchvision AlexNet's."""
+    plain, s2d = _plain_and_space_to_depth("alexnet")
+    assert isinstance(s2d.features[0], SpaceToDepthConv2d)
+    plain, s2d = plain.to(memory_format=torch.channels_last), s2d.to(memory_format=torch.channels_last)
+    x = torch.rand(2, 3, 227, 227, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    out, out_s2d = plain(x), s2d(x)
+    torch.testing.assert_close(out_s2d, out, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    (out_s2d * weights).sum().backward()
     for (key, p), q in zip(plain.named_parameters(), s2d.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=key)
-    bare = torchvision.models.get_model(name, num_classes=10)
+    bare = torchvision.models.alexnet(num_classes=10)
     bare.load_state_dict(s2d.state_dict(), strict=True)  # checkpoints stay plain torchvision ones
 
 
