@@ -146,7 +146,7 @@ def test_replica_threads_run_each_replica_in_the_same_thread_every_step_in_the_c
     a, b = _Probe(), _Probe()
     for step in range(3):
         out = threads.run([a, b], [(torch.tensor(1.0),), torch.tensor(2.0)], [{}, {}], [None, None])
-        assert [float(o) for o in out] == [1.0, 2.0] and all(o.requires_grad for o in out)
+        assert [float(o.detach()) for o in out] == [1.0, 2.0] and all(o.requires_grad for o in out)
     with torch.no_grad():
         out = threads.run([a, b], [(torch.tensor(1.0),), (torch.tensor(2.0),)], [{}, {}], [None, None])
     assert not any(o.requires_grad for o in out)
