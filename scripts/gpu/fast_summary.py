@@ -8,7 +8,9 @@ epoch at the last size's mean train loss over the epoch before's, from each run'
 runs that collapsed: whose per-epoch test accuracy fell below --collapse after having reached twice
 that, and the runs set back: an epoch whose test accuracy fell by more than --setback from the
 epoch before's. A run whose curve is missing counts in the accuracy columns only, and the table
-says so. With --runs, one row per run instead: its seconds and accuracy.
+says so. With --runs, one row per run instead: its seconds and accuracy. With --wall, one row per
+run of where each command's wall time went: the phases of its metrics' `process_seconds`, and
+`after` (the wall time past the metrics: the interpreter's exit, the last writes).
 
 Each OUTDIR holds `fast.jsonl` and the curves `epochs-N-SEED.csv`, N numbering the configurations
 in the order fast.sh was given them. Rows without N (no "config" field: fast.jsonl files written
@@ -99,6 +101,29 @@ def run_table(runs: list[dict]) -> list[str]:
     return lines
 
 
+TRAIN_PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model", "other")
+EVALUATE_PHASES = ("start_up", "runtime", "prepare", "eval", "other")
+
+
+def wall_table(runs: list[dict]) -> list[str]:
+    """Seconds by phase of each run's train and evaluate commands (rows of fast.jsonl that record them)."""
+    head = (["seed", "train wall"] + [f"train: {p}" for p in TRAIN_PHASES] + ["train: after", "checkpoints written",
+            "evaluate wall"] + [f"evaluate: {p}" for p in EVALUATE_PHASES] + ["evaluate: after"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    timed = [r for r in runs if r.get("train_process_seconds") and r.get("evaluate_process_seconds")]
+    for r in sorted(timed, key=lambda r: (r["config"], r["seed"])):
+        t, e = r["train_process_seconds"], r["evaluate_process_seconds"]
+        cells = ([str(r["seed"]), f"{r['train_wall_seconds']:.2f}"] + [f"{t.get(p, 0.0):.2f}" for p in TRAIN_PHASES]
+                 + [f"{r['train_wall_seconds'] - t['total']:.2f}", str(r.get("checkpoints_written", "")),
+                    f"{r['evaluate_wall_seconds']:.2f}"] + [f"{e.get(p, 0.0):.2f}" for p in EVALUATE_PHASES]
+                 + [f"{r['evaluate_wall_seconds'] - e['total']:.2f}"])
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(timed) < len(runs):
+        lines.append(f"\n{len(runs) - len(timed)} run(s) recorded no seconds by phase (fast.jsonl rows from before "
+                     f"fast.sh kept them)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path)
@@ -107,10 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--setback", type=float, default=0.1,
                     help="a fall of test accuracy from one epoch to the next that counts as a set-back (0.1)")
     ap.add_argument("--runs", action="store_true", help="one row per run instead of per configuration")
+    ap.add_argument("--wall", action="store_true", help="one row per run: each command's wall time by phase")
     ap.add_argument("--configs", default="", help="fast.sh's configurations, for rows without a number")
     args = ap.parse_args(argv)
     runs = [r for folder in args.folders for r in load_runs(folder, args.configs.split())]
-    print("\n".join(run_table(runs) if args.runs else config_table(runs, args.mark, args.collapse, args.setback)))
+    table = (wall_table(runs) if args.wall else run_table(runs) if args.runs
+             else config_table(runs, args.mark, args.collapse, args.setback))
+    print("\n".join(table))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import click
 import torch
 import torch.nn.functional as F
 
-from fasttrain import atomic, checkpoint, config, parallel
+from fasttrain import atomic, checkpoint, clock, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
 from fasttrain.engine import input_dtype
@@ -67,14 +67,15 @@ def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: paral
 
 def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout) -> dict:
     variant = f"{rt.parallel}-{precision.name}"
-    dataset = load_dataset(layout.dataset)
-    saved = checkpoint.load(layout.model(variant), map_location=rt.device)
-    model = build_model(params.model.name, len(dataset.classes)).to(rt.device)
-    try:
-        model.load_state_dict(saved["model"])
-    except RuntimeError as e:
-        raise FasttrainError(f"{layout.model(variant)} does not fit model.name = {params.model.name}: "
-                             f"{str(e).splitlines()[0]}") from None
+    with clock.phase("prepare"):  # the data set and the model
+        dataset = load_dataset(layout.dataset)
+        saved = checkpoint.load(layout.model(variant), map_location=rt.device)
+        model = build_model(params.model.name, len(dataset.classes)).to(rt.device)
+        try:
+            model.load_state_dict(saved["model"])
+        except RuntimeError as e:
+            raise FasttrainError(f"{layout.model(variant)} does not fit model.name = {params.model.name}: "
+                                 f"{str(e).splitlines()[0]}") from None
     img_size = saved["config"]["train"]["img_size"]
     channels_last = saved["config"]["train"]["channels_last"]
     if channels_last:
@@ -86,7 +87,8 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
                               workers=params.data.workers, pin_memory=params.data.pin_memory,
                               channels_last=channels_last,
                               dtype=input_dtype(params, precision))
-    result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
+    with clock.phase("eval"):
+        result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
     if result.images != len(dataset.test_labels):
         raise FasttrainError(f"evaluated {result.images} images, expected {len(dataset.test_labels)}")
     metrics = {
@@ -95,6 +97,7 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
         "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy(), strict=True)},
         "confusion_matrix": result.confusion.tolist(), "classes": dataset.classes,
         "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,
+        "process_seconds": clock.report(),  # this process's wall time by phase: start-up, data, evaluation
     }
     if rt.is_main:
         atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes),

@@ -24,7 +24,7 @@ from typing import Callable
 import click
 import torch
 
-from fasttrain import atomic, checkpoint, config, graphs, parallel, preemption
+from fasttrain import atomic, checkpoint, clock, config, graphs, parallel, preemption
 from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
@@ -217,6 +217,7 @@ class _Run:
     epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumes (state.epoch_steps)
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
     saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
+    checkpoints_written: int = 0  # by this process
     setup_seconds: dict = field(default_factory=dict)  # compile and capture, reported apart
 
     @property
@@ -239,18 +240,22 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
     last checkpoint. Returns the metrics."""
     wall_start = time.perf_counter()
     with preemption.stop_on_signals(rt) as stop:  # SIGTERM/SIGUSR1: a checkpoint at the step, exit 75
-        run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume, stop)
+        with clock.phase("prepare"):  # the data set, model, optimizer, loaders, a checkpoint resumed
+            run = _prepare(params, precision, rt, layout, log if rt.is_main else lambda msg: None, resume, stop)
         progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
         with (nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext(),
               _out_of_memory_explained(run)):
-            _warm_up(run)  # compile, CUDA-graph capture or one eager step at every shape: before the epochs
+            with clock.phase("warm_up"):  # compile, CUDA-graph capture or one eager step at every shape
+                _warm_up(run)
             for epoch in range(run.state.epoch, run.cfg.epochs):
-                steps, seconds = _train_epoch(run, epoch, progress)
+                with clock.phase("train"):
+                    steps, seconds = _train_epoch(run, epoch, progress)
                 whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
                 if whole:
                     _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
                 if stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
-                    _save_checkpoint(run, None if whole else (steps, seconds))
+                    with clock.phase("checkpoints"):
+                        _save_checkpoint(run, None if whole else (steps, seconds))
                 if whole and rt.is_main:
                     _write_progress(run)  # for dvc exp show; after the checkpoint, so a full disk loses no training
                 if stop.stopping and run.state.epoch < run.cfg.epochs:
@@ -362,10 +367,13 @@ def _warm_up(run: _Run) -> None:
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
                   input_dtype(run.params, run.precision), input_channels(run.params))
-    if cfg.compile:
-        run.setup_seconds["compile"] = sum(warm_up(t, run.precision, [run.per_rank_batch, last], size, *shape_args)
-                                           for size in train_sizes(cfg))
-        run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s")
+    if cfg.compile:  # one compile per shape: the short last batch costs as much as the full one
+        each = {(n, size): warm_up(t, run.precision, [n], size, *shape_args)
+                for size in train_sizes(cfg) for n in dict.fromkeys((run.per_rank_batch, last)) if n}
+        run.setup_seconds["compile"] = sum(each.values())
+        run.setup_seconds["compile_each"] = {f"{n}x{size}": s for (n, size), s in each.items()}
+        shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for (n, size), s in each.items())
+        run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s ({shapes})")
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
         num_classes, channels_last, _, dtype, channels = shape_args
@@ -457,8 +465,9 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
     epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
     eval_start = time.perf_counter()
     run.phase = f"evaluation after epoch {epoch + 1} (evaluate.batch_size {run.params.evaluate.batch_size})"
-    accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
-                              run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
+    with clock.phase("eval"):
+        accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
+                                  run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
     eval_seconds = time.perf_counter() - eval_start
     if isinstance(run.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         run.scheduler.step(epoch_loss)
@@ -528,10 +537,13 @@ def _finish(run: _Run, wall_start: float) -> dict:
     rt, cfg = run.rt, run.cfg
     peak, peak_kind = peak_memory_mb(rt)
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
+    if rt.is_main:
+        with clock.phase("final_model"):
+            checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved,
+                             "classes": run.dataset.classes, "variant": run.variant},
+                            run.layout.model(run.variant), "the final model")
     metrics = _metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
     if rt.is_main:
-        checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved, "classes": run.dataset.classes,
-                         "variant": run.variant}, run.layout.model(run.variant), "the final model")
         atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
                                  "the per-epoch table")
         atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics, "the training metrics")
@@ -576,6 +588,7 @@ def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) ->
         }, run.ckpt_path)
         _keep_tensorboard(run)
     run.saved_epoch = run.state.epoch
+    run.checkpoints_written += 1
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
 
 
@@ -615,18 +628,22 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
     steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
     steady_seconds = sum(r.seconds for r in steady) / len(steady)
     steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
-    setup = {k: round(v, 3) for k, v in run.setup_seconds.items()}
+    setup = {k: round(v, 3) for k, v in run.setup_seconds.items() if k != "compile_each"}
     return {
         "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
         "epochs": len(h),
         "train_seconds": round(sum(r.seconds for r in h), 3),
-        "wall_seconds": round(wall_seconds, 3),
+        "wall_seconds": round(wall_seconds, 3),  # from the start of training (data, model) to the final model
+        "process_seconds": clock.report(),  # this process's wall time by phase, start-up and checkpoints too
+        "checkpoints_written": run.checkpoints_written,
         "first_epoch_seconds": round(h[0].seconds, 3),
         "epoch_seconds": round(steady_seconds, 3),
         "epoch_seconds_each": [round(r.seconds, 3) for r in h],
         "images_per_second": round(steady_ips, 1),
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
         "compile_seconds": setup.get("compile"),  # outside the timed epochs, like the capture
+        "compile_seconds_each": {k: round(v, 3) for k, v in run.setup_seconds.get("compile_each", {}).items()}
+                                or None,  # "BATCHxPIXELS": seconds
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
         "capture_seconds": setup.get("capture"),
         "deterministic": cfg.deterministic,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from fasttrain import config, parallel
+from fasttrain import clock, config, parallel
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
 
@@ -45,6 +45,7 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
 
     Only `train` spreads over `train.nnodes` nodes: evaluating 10,000 images needs no second node, and
     the evaluate stage does not read train.nnodes (it counts every image once at any world size)."""
+    clock.begin()
     params = config.load(params_path)
     nnodes = params.train.nnodes if command == "train" and parallel_name == "ddp" else 1
     world_size = world_size_for(params, parallel_name, nnodes)
@@ -56,7 +57,8 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
                         max_restarts, device=params.train.device, nnodes=nnodes,
                         run_id=f"fasttrain-{command}-{parallel_name}-{precision_name}")
         return
-    rt = parallel.setup(parallel_name, params.train.device, params.train.nproc)
+    with clock.phase("runtime"):  # the GPU lease, CUDA's start, the process group
+        rt = parallel.setup(parallel_name, params.train.device, params.train.nproc)
     parallel.silence_non_main(rt)
     layout = Layout()
     try:

@@ -81,6 +81,8 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
     before = counters["stats"]["unique_graphs"]
     metrics = train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=log)
     assert metrics["compile_seconds"] > 0
+    each = metrics["compile_seconds_each"]  # batch x pixels: 32 images at each size, and no short batch
+    assert set(each) == {"32x20", "32x32"} and sum(each.values()) == pytest.approx(metrics["compile_seconds"], abs=0.01)
     compiled = next(n for msg, n in graphs.items() if msg.startswith("single-fp32: compiled in ")) - before
     assert compiled == 2  # one training graph per size (64 images: no short last batch)
     after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]

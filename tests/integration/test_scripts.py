@@ -132,6 +132,21 @@ def test_fast_summary_tables_accuracy_the_switch_and_collapses(tmp_path):
     unnumbered = fast_summary(tmp_path)
     assert unnumbered.returncode != 0 and "'b=2' records no config number" in unnumbered.stderr
 
+    wall = fast_summary(tmp_path, "--configs", "a=1 b=2", "--wall").stdout.splitlines()
+    assert wall[-1] == "4 run(s) recorded no seconds by phase (fast.jsonl rows from before fast.sh kept them)"
+    timed = dict(rows[0], train_wall_seconds=50.0, evaluate_wall_seconds=10.0, checkpoints_written=1,
+                 train_process_seconds={"start_up": 9.0, "runtime": 2.5, "prepare": 1.0, "warm_up": 12.0,
+                                        "train": 13.0, "eval": 3.0, "checkpoints": 1.5, "final_model": 0.5,
+                                        "other": 0.5, "total": 43.0},
+                 evaluate_process_seconds={"start_up": 6.0, "runtime": 2.0, "prepare": 0.5, "eval": 0.75,
+                                           "other": 0.25, "total": 9.5})
+    (tmp_path / "fast.jsonl").write_text(json.dumps(timed) + "\n")
+    wall = fast_summary(tmp_path, "--wall").stdout.splitlines()
+    assert wall[0].startswith("| seed | train wall | train: start_up |") and len(wall) == 3
+    # 50 - 43 = 7.00 after the train metrics, 10 - 9.5 = 0.50 after the evaluation's
+    assert wall[2] == ("| 0 | 50.00 | 9.00 | 2.50 | 1.00 | 12.00 | 13.00 | 3.00 | 1.50 | 0.50 | 0.50 | 7.00 | 1 "
+                       "| 10.00 | 6.00 | 2.00 | 0.50 | 0.75 | 0.25 | 0.50 |")
+
 
 @pytest.mark.slow
 def test_fast_sh_sweeps_configurations_two_runs_at_a_time(tmp_path):
@@ -159,6 +174,10 @@ def test_fast_sh_sweeps_configurations_two_runs_at_a_time(tmp_path):
     assert sorted((r["config"], r["seed"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert {r["jobs"] for r in rows} == {2} and {r["epochs"] for r in rows} == {2}
     assert all((tmp_path / "out" / f"epochs-{r['config']}-{r['seed']}.csv").exists() for r in rows)
+    for r in rows:  # each command's seconds by phase, within the wall time fast.sh measured around it
+        assert r["train_process_seconds"]["total"] <= r["train_wall_seconds"] + 0.01
+        assert r["evaluate_process_seconds"]["total"] <= r["evaluate_wall_seconds"] + 0.01
+        assert r["checkpoints_written"] == 1  # the recipe's checkpoint_every 100 over 2 epochs: the last one's
 
     table = fast_summary(tmp_path / "out")
     assert table.returncode == 0, table.stderr

@@ -4,11 +4,14 @@ GradScaler's skipped steps and final scale, the seed, and peak memory as the max
 import json
 import math
 import os
+import shutil
+import sys
 import textwrap
+import time
 
 import pytest
 import torch
-from scratch import TINY, copy_repo, run, set_params
+from scratch import REPO, TINY, copy_repo, run, set_params
 
 from fasttrain import config, engine, parallel
 from fasttrain.data import make_synthetic, save_dataset
@@ -127,3 +130,70 @@ def test_ddp_metrics_give_the_peak_memory_of_the_rank_that_used_most_and_the_syn
     assert 50 * 1024 < metrics["peak_memory_mb"] < 60 * 1024
     assert metrics["warnings"] == ["train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)",
                                    "train.sync_bn ignored: SyncBatchNorm needs GPUs"]
+
+
+def _timed_work_folder(root, monkeypatch, **train):
+    """A work folder with params.yaml (TINY on the CPU plus `train`) and a 64-image data set, as cwd."""
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, {**TINY, "train": {**TINY["train"], "device": "cpu", **train}})
+    _layout(root)
+    monkeypatch.chdir(root)
+
+
+def test_the_metrics_say_where_the_process_time_went_phase_by_phase(tmp_path, monkeypatch):
+    """Known delays put in known places land in their phases: 0.3 s in loading the data set
+    (prepare), 0.2 s in each of the 3 checkpoint saves and in the final model's save, 0.1 s in each
+    of the 3 per-epoch evaluations; and the phases with `other` add up to the total, which is no
+    more than the wall time measured around the command. Then `fasttrain evaluate` alike."""
+    import fasttrain
+    import fasttrain.train as train_module
+    from fasttrain import checkpoint, clock
+    from fasttrain.cli import main as cli_main
+
+    _timed_work_folder(tmp_path, monkeypatch, epochs=3, checkpoint_every=1)
+    real_save, real_load, real_eval = checkpoint.save, train_module.load_dataset, train_module.evaluate_model
+    monkeypatch.setattr(checkpoint, "save", lambda obj, path, what="a training checkpoint":
+                        (time.sleep(0.2), real_save(obj, path, what))[1])
+    monkeypatch.setattr(train_module, "load_dataset", lambda path: (time.sleep(0.3), real_load(path))[1])
+    monkeypatch.setattr(train_module, "evaluate_model", lambda *a, **k: (time.sleep(0.1), real_eval(*a, **k))[1])
+    monkeypatch.setattr(fasttrain, "STARTED", time.perf_counter())  # as if this process had just started
+    monkeypatch.setattr(clock, "_begun", False)
+    start = time.perf_counter()
+    cli_main(["train", "--parallel", "single", "--precision", "fp32"])
+    wall = time.perf_counter() - start
+    m = json.loads((tmp_path / "metrics/train/single-fp32.json").read_text())
+    p = m["process_seconds"]
+    assert set(p) == {"start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model",
+                      "other", "total"}
+    assert m["checkpoints_written"] == 3
+    assert 0.6 <= p["checkpoints"] < 0.6 + wall / 2 and 0.2 <= p["final_model"] < 0.2 + wall / 2
+    assert p["prepare"] >= 0.3 and p["eval"] >= 0.3
+    assert sum(v for k, v in p.items() if k != "total") == pytest.approx(p["total"], abs=0.01)
+    assert 0 <= p["other"] and p["total"] <= wall
+    assert p["train"] >= m["train_seconds"] - 0.01  # the epochs' timed steps happen inside the train phase
+    assert min(p.values()) >= 0
+
+    monkeypatch.setattr(fasttrain, "STARTED", time.perf_counter())
+    start = time.perf_counter()
+    cli_main(["evaluate", "--parallel", "single", "--precision", "fp32"])
+    wall = time.perf_counter() - start
+    p = json.loads((tmp_path / "metrics/eval/single-fp32.json").read_text())["process_seconds"]
+    assert set(p) == {"start_up", "runtime", "prepare", "eval", "other", "total"}
+    assert sum(v for k, v in p.items() if k != "total") == pytest.approx(p["total"], abs=0.01)
+    assert 0 <= p["other"] and p["total"] <= wall and min(p.values()) >= 0
+
+
+def test_a_commands_start_up_counts_from_the_process_start_not_from_its_own_imports(tmp_path, monkeypatch):
+    """A real process that imports fasttrain, then spends 4 s (as a slow file system's imports
+    would) before it runs `fasttrain train`: those 4 s are start-up, so the clock started when the
+    process did, not when the command's modules were imported. Its total is no more than the wall
+    time measured around the process."""
+    _timed_work_folder(tmp_path, monkeypatch, epochs=1)
+    script = "import sys, time, fasttrain; time.sleep(4); from fasttrain.cli import main; main(sys.argv[1:])"
+    start = time.perf_counter()
+    run([sys.executable, "-c", script, "train", "--parallel", "single", "--precision", "fp32"], tmp_path)
+    wall = time.perf_counter() - start
+    p = json.loads((tmp_path / "metrics/train/single-fp32.json").read_text())["process_seconds"]
+    assert 4 <= p["start_up"] and p["total"] <= wall
+    assert p["start_up"] + p["runtime"] + p["prepare"] + p["warm_up"] + p["train"] + p["eval"] \
+        + p["checkpoints"] + p["final_model"] + p["other"] == pytest.approx(p["total"], abs=0.01)
