@@ -4,8 +4,10 @@ comparison table measures how each variant runs, never a different training run 
 GPU, only nondeterministic kernels (cuDNN's per-process algorithm choice, atomic adds) separate them.
 
 On the CPU, `dp` *is* the single path: nn.DataParallel needs CUDA devices, so a dp run without a GPU
-trains the bare model in one process and says so in its warnings. "dp equals single" below checks
-that the dp variant falls back to exactly that, not DataParallel; the real DataParallel is checked
+trains the bare model in one process and says so in its warnings. "dp equals single" below compares
+one code path with itself; what it checks of dp is that fallback: the warning, one device, the same
+curves and weights. (Without CUDA devices nn.DataParallel would only call the module, so the same
+test cannot tell whether the model was wrapped.) The real DataParallel is checked
 by the GPU-marked tests (test_dp_over_two_gpus_trains_as_single_does here, and test_precision's
 replicas), and two-process ddp on two GPUs by test_ddp_over_two_gpus_trains_as_single_does; a CPU
 run skips them and counts them (tests/conftest.py)."""
