@@ -47,7 +47,7 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)
-    net = parallel.wrap(AutocastForward(raw, precision), rt)
+    net = parallel.wrap(AutocastForward(raw, precision), rt, graphs)
     if cfg.compile:
         # Static shapes: the last short batch of an epoch gets a graph of its own (compiled in
         # warm_up) instead of a slower dynamic-shape graph recompiled in the middle of training.

@@ -62,7 +62,8 @@ class GraphedStep:
     def __init__(self, t: Trainable, precision: Precision, rt: parallel.Runtime):
         self.t, self.precision, self.rt = t, precision, rt
         self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(rt.device)  # warm-up and capture share it (cuBLAS handles are per stream)
+        # warm-up and capture share it (cuBLAS handles are per stream), and DDP was built on it
+        self.stream = parallel.capture_stream(rt.device)
         self.graphs: dict[tuple, _Graph] = {}
 
     def capture(self, shapes: list[tuple[int, int]], num_classes: int, channels_last: bool,

@@ -432,10 +432,22 @@ class DataParallel(nn.DataParallel):
         return self.replica_threads.run(replicas, inputs, kwargs, self.device_ids[:len(replicas)])
 
 
-def wrap(model: nn.Module, rt: Runtime) -> nn.Module:
+@functools.cache
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream on which a device's CUDA-graph warm-up and capture run, and DDP is built."""
+    return torch.cuda.Stream(device)
+
+
+def wrap(model: nn.Module, rt: Runtime, graphs: bool = False) -> nn.Module:
+    """The model for the variant: DDP, fasttrain's DataParallel, or itself. With `graphs` (the step
+    will be captured), DDP is built on the capture stream, as a whole-step capture needs (torch's
+    CUDA-graph notes): DDP keeps each parameter's gradient accumulator, which remembers the stream it
+    was made on, and a backward that reaches it from another stream syncs the two streams and warns.
+    Without graphs it is built on the current stream, where the steps then run."""
     if rt.parallel == "ddp" and rt.device.type == "cuda":
-        # built on a side stream, as a whole-step CUDA-graph capture needs (torch's CUDA-graph notes)
-        side = torch.cuda.Stream(rt.device)
+        if not graphs:
+            return nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
+        side = capture_stream(rt.device)
         side.wait_stream(torch.cuda.current_stream(rt.device))
         with torch.cuda.stream(side):
             ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])

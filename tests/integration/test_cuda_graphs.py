@@ -51,6 +51,23 @@ def test_a_cpu_run_goes_eager_and_records_why_only_when_graphs_were_asked_for(ti
     assert (reason in proc.stderr.splitlines()) is cuda_graphs
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_ddp_is_built_on_the_stream_its_steps_run_on(tiny_repo, cuda_graphs):
+    """DDP keeps each parameter's gradient accumulator, which remembers the stream it was made on; a
+    backward that reaches it from another stream syncs the two and torch warns ("The AccumulateGrad
+    node's stream does not match ..."). Graphed, DDP is built on the capture stream; eager, on the
+    stream the steps run on."""
+    set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs, "device": "cuda", "nproc": 1}})
+    run(["fasttrain", "download"], tiny_repo)
+    proc = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "bf16"], tiny_repo)
+    metrics = json.loads((tiny_repo / "metrics" / "train" / "ddp-bf16.json").read_text())
+    assert metrics["cuda_graphs"] is cuda_graphs and metrics["world_size"] == 1
+    assert "AccumulateGrad" not in proc.stderr, proc.stderr[-2000:]
+
+
 # --- train.deterministic ----------------------------------------------------------------------
 
 @pytest.mark.slow
