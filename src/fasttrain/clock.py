@@ -29,14 +29,21 @@ def begin() -> None:
     _begun = True
 
 
+class Timed:
+    """What `phase` yields: the block's own seconds, once it has ended."""
+    seconds: float = 0.0
+
+
 @contextlib.contextmanager
 def phase(name: str):
-    """Adds the block's seconds to phase `name` (a phase may be entered many times)."""
-    start = time.perf_counter()
+    """Adds the block's seconds to phase `name` (a phase may be entered many times); `with phase(n)
+    as timed:` gives them alone, too, as timed.seconds."""
+    timed, start = Timed(), time.perf_counter()
     try:
-        yield
+        yield timed
     finally:
-        _seconds[name] = _seconds.get(name, 0.0) + time.perf_counter() - start
+        timed.seconds = time.perf_counter() - start
+        _seconds[name] = _seconds.get(name, 0.0) + timed.seconds
 
 
 def seconds(name: str) -> float:

@@ -219,6 +219,7 @@ class _Run:
     saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
     checkpoints_written: int = 0  # by this process
     setup_seconds: dict = field(default_factory=dict)  # compile and capture, reported apart
+    compile_seconds_each: dict = field(default_factory=dict)  # "BATCHxPIXELS": seconds (train.compile)
 
     @property
     def cfg(self) -> config.TrainConfig:
@@ -371,7 +372,7 @@ def _warm_up(run: _Run) -> None:
         each = {(n, size): warm_up(t, run.precision, [n], size, *shape_args)
                 for size in train_sizes(cfg) for n in dict.fromkeys((run.per_rank_batch, last)) if n}
         run.setup_seconds["compile"] = sum(each.values())
-        run.setup_seconds["compile_each"] = {f"{n}x{size}": s for (n, size), s in each.items()}
+        run.compile_seconds_each = {f"{n}x{size}": s for (n, size), s in each.items()}
         shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for (n, size), s in each.items())
         run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s ({shapes})")
     if isinstance(run.step, graphs.GraphedStep):
@@ -463,16 +464,14 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
     state.global_step += steps.steps
     state.skipped_steps += skip
     epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
-    eval_start = time.perf_counter()
     run.phase = f"evaluation after epoch {epoch + 1} (evaluate.batch_size {run.params.evaluate.batch_size})"
-    with clock.phase("eval"):
+    with clock.phase("eval") as evaluation:
         accuracy = evaluate_model(run.t.net, run.test_loader, run.precision, rt, len(run.dataset.classes),
                                   run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
-    eval_seconds = time.perf_counter() - eval_start
     if isinstance(run.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         run.scheduler.step(epoch_loss)
     record = EpochRecord(epoch + 1, seconds, epoch_loss, accuracy, float(run.t.optimizer.param_groups[0]["lr"]),
-                         seen, train_size(run.cfg, epoch), summary["grad_norm_max"], eval_seconds)
+                         seen, train_size(run.cfg, epoch), summary["grad_norm_max"], evaluation.seconds)
     state.history.append(record)
     state.epoch = epoch + 1
     return record
@@ -628,7 +627,7 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
     steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
     steady_seconds = sum(r.seconds for r in steady) / len(steady)
     steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
-    setup = {k: round(v, 3) for k, v in run.setup_seconds.items() if k != "compile_each"}
+    setup = {k: round(v, 3) for k, v in run.setup_seconds.items()}
     return {
         "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
         "epochs": len(h),
@@ -642,8 +641,7 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "images_per_second": round(steady_ips, 1),
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
         "compile_seconds": setup.get("compile"),  # outside the timed epochs, like the capture
-        "compile_seconds_each": {k: round(v, 3) for k, v in run.setup_seconds.get("compile_each", {}).items()}
-                                or None,  # "BATCHxPIXELS": seconds
+        "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
         "capture_seconds": setup.get("capture"),
         "deterministic": cfg.deterministic,
