@@ -11,7 +11,8 @@
 # "train.epochs=19 train.epochs=21,train.progressive_epochs=8,train.progressive_size=160".
 # The runs go seed by seed, every configuration for a seed before the next seed.
 # Environment: BENCH_CASES replaces the default `fasttrain bench` cases; NO_TESTS=1 skips the unit
-# tests; JOBS=n (default 1) trains n runs at once on the one GPU, for an accuracy sweep: their
+# tests (otherwise they run first, for at most 10 minutes, their whole output in OUT/pytest.log);
+# JOBS=n (default 1) trains n runs at once on the one GPU, for an accuracy sweep: their
 # train_seconds are not the recipe's (they share the GPU), and each row of fast.jsonl says "jobs": n.
 set -u
 [ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT \"SEEDS\" [\"CONFIGS\"] [skip-bench]" >&2; exit 2; }
@@ -21,7 +22,10 @@ export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
 ft() { python3 -m fasttrain "$@"; }
 mkdir -p "$out"
 { nvidia-smi -L 2>/dev/null; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'; } | tee "$out/machine.txt"
-[ -n "${NO_TESTS:-}" ] || (cd "$repo" && python3 -m pytest tests/unit -q -p no:cacheprovider 2>&1 | tail -5) | tee "$out/pytest.txt"
+# the unit tests, GPU ones included, at most 10 minutes; a test hung for 2 minutes prints every thread's stack
+[ -n "${NO_TESTS:-}" ] || (cd "$repo" && timeout -k 10 600 python3 -m pytest tests/unit -q -p no:cacheprovider \
+  -o faulthandler_timeout=120 > "$out/pytest.log" 2>&1; echo "pytest exit status $?" >> "$out/pytest.log"
+  tail -5 "$out/pytest.log") | tee "$out/pytest.txt"
 
 base=$work/base && rm -rf "$base" "$work"/run-* && mkdir -p "$base" && cd "$base"
 python3 "$repo/scripts/overlay.py" "$repo/params.yaml" /dev/null params.yaml "data.source=$archive"
