@@ -28,6 +28,14 @@ class Trainable:
     scaler: torch.amp.GradScaler
     label_smoothing: float = 0.0
     grad_clip: float | None = None  # the largest L2 norm of all gradients together (None: no clipping)
+    compiled_batch: int | None = None  # train.compile: the batch size `net` is compiled for
+    eager_net: nn.Module | None = None  # train.compile: `net` uncompiled, for any other batch size
+
+    def net_for(self, batch: int) -> nn.Module:
+        """The net for a batch of this many images. Compiled, one graph per batch size would cost a
+        compile each, for an epoch's short last batch as much as for the full one; so the full batch
+        runs the compiled graph, and the short one, a step per epoch, the same net eagerly."""
+        return self.net if self.eager_net is None or batch == self.compiled_batch else self.eager_net
 
 
 def build_trainable(params: config.Params, precision: Precision, rt: parallel.Runtime, num_classes: int,
@@ -47,15 +55,16 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)
-    net = parallel.wrap(AutocastForward(raw, precision), rt, graphs)
+    net = eager = parallel.wrap(AutocastForward(raw, precision), rt, graphs)
     if cfg.compile:
-        # Static shapes: the last short batch of an epoch gets a graph of its own (compiled in
-        # warm_up) instead of a slower dynamic-shape graph recompiled in the middle of training.
+        # Static shapes, compiled in warm_up for the full batch at each training resolution; a
+        # dynamic-shape graph would be slower and recompile in the middle of training.
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
     lr = torch.tensor(cfg.lr, device=rt.device) if graphs else cfg.lr
     optimizer = torch.optim.AdamW(raw.parameters(), lr=lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay,
                                   fused=cfg.fused_adamw and rt.device.type == "cuda", capturable=graphs)
-    return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip)
+    return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip,
+                     cfg.batch_size // rt.world_size if cfg.compile else None, eager if cfg.compile else None)
 
 
 def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
@@ -63,7 +72,7 @@ def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
     """One optimizer step. Returns the loss and, with grad_clip, the gradients' L2 norm before
     clipping, as device tensors: nothing here waits for the GPU."""
     with precision.autocast(x.device.type):
-        loss = F.cross_entropy(t.net(x), y, label_smoothing=t.label_smoothing)
+        loss = F.cross_entropy(t.net_for(len(x))(x), y, label_smoothing=t.label_smoothing)
     t.optimizer.zero_grad(set_to_none=True)
     t.scaler.scale(loss).backward()
     grad_norm = None
@@ -247,7 +256,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
         x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last, channels)  # the loader's: one graph
         with precision.autocast(device.type):
-            loss = F.cross_entropy(t.net(x), y)
+            loss = F.cross_entropy(t.net_for(n)(x), y)
         t.scaler.scale(loss).backward()
     synchronize(device)
     seconds = time.perf_counter() - start

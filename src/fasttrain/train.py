@@ -360,20 +360,21 @@ def _resume(run: _Run, resume: Path | None) -> None:
 
 
 def _warm_up(run: _Run) -> None:
-    """Compile (train.compile) and capture the CUDA graphs (train.cuda_graphs) for every batch shape
-    training will meet: the full and the short last batch, at each training resolution. An eager
-    step on a GPU runs them once too (forward and backward, then undone), so a batch that does not
-    fit fails here, before the first epoch, and not minutes into it."""
+    """Compile (train.compile: the full batch at each training resolution; the short last batch runs
+    eagerly) and capture the CUDA graphs (train.cuda_graphs: the full and the short last batch at
+    each resolution). On a GPU every shape training will meet runs here once (forward and
+    backward, then undone), so a batch that does not fit fails here, before the first epoch, and
+    not minutes into it."""
     cfg, t, dataset = run.cfg, run.t, run.dataset
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
                   input_dtype(run.params, run.precision), input_channels(run.params))
-    if cfg.compile:  # one compile per shape: the short last batch costs as much as the full one
-        each = {(n, size): warm_up(t, run.precision, [n], size, *shape_args)
-                for size in train_sizes(cfg) for n in dict.fromkeys((run.per_rank_batch, last)) if n}
+    if cfg.compile:  # one compile per training resolution, at the full batch (Trainable.net_for)
+        n = run.per_rank_batch
+        each = {size: warm_up(t, run.precision, [n], size, *shape_args) for size in train_sizes(cfg)}
         run.setup_seconds["compile"] = sum(each.values())
-        run.compile_seconds_each = {f"{n}x{size}": s for (n, size), s in each.items()}
-        shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for (n, size), s in each.items())
+        run.compile_seconds_each = {f"{n}x{size}": s for size, s in each.items()}
+        shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for size, s in each.items())
         run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s ({shapes})")
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
@@ -381,9 +382,9 @@ def _warm_up(run: _Run) -> None:
         run.setup_seconds["capture"] = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
                 f"in {run.setup_seconds['capture']:.1f} s")
-    elif not cfg.compile and run.rt.device.type == "cuda":
+    elif run.rt.device.type == "cuda":  # (compiled: the short last batch, which runs eagerly)
         for size in train_sizes(cfg):
-            warm_up(t, run.precision, [run.per_rank_batch, last], size, *shape_args)
+            warm_up(t, run.precision, [last] if cfg.compile else [run.per_rank_batch, last], size, *shape_args)
     run.phase = "training"
 
 

@@ -64,13 +64,15 @@ def test_without_progressive_epochs_every_epoch_trains_at_img_size():
 
 @pytest.mark.slow
 def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
-    """torch.compile (inductor on the CPU, ~1.5 min): the warm-up compiles the graphs of both sizes,
-    counted in compile_seconds; epoch 1's evaluation adds the eval-mode graph; and then no epoch,
-    not even the first at img_size, compiles anything."""
+    """torch.compile (inductor on the CPU, ~1.5 min): the warm-up compiles the full batch's graph at
+    both sizes, counted in compile_seconds; epoch 1's evaluation adds the eval-mode graph; and then
+    no epoch, not even the first at img_size, compiles anything. 80 images at batch 32: each epoch
+    ends on a short batch of 16, which runs the same model eagerly, so it costs no compile and
+    still trains (every epoch counts 80 images)."""
     from torch._dynamo.utils import counters
 
     layout = Layout(tmp_path)
-    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    save_dataset(make_synthetic(80, 10, 32, 0), layout.dataset)
     params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "img_size": 32, "device": "cpu",
                                                  "progressive_epochs": 1, "progressive_size": 20, "compile": True}})
     graphs = {}
@@ -81,9 +83,11 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
     before = counters["stats"]["unique_graphs"]
     metrics = train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=log)
     assert metrics["compile_seconds"] > 0
-    each = metrics["compile_seconds_each"]  # batch x pixels: 32 images at each size, and no short batch
+    each = metrics["compile_seconds_each"]  # batch x pixels: the full batch at each size, not the short one
     assert set(each) == {"32x20", "32x32"} and sum(each.values()) == pytest.approx(metrics["compile_seconds"], abs=0.01)
     compiled = next(n for msg, n in graphs.items() if msg.startswith("single-fp32: compiled in ")) - before
-    assert compiled == 2  # one training graph per size (64 images: no short last batch)
+    assert compiled == 2  # one training graph per size
     after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]
     assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1
+    # every epoch trained all 80 images: the steady rate times the steady epoch's seconds
+    assert metrics["images_per_second"] * metrics["epoch_seconds"] == pytest.approx(80, rel=1e-2)
