@@ -218,8 +218,9 @@ class _Run:
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
     saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
     checkpoints_written: int = 0  # by this process
-    setup_seconds: dict = field(default_factory=dict)  # compile and capture, reported apart
+    # compile and capture, reported apart from the epochs
     compile_seconds_each: dict = field(default_factory=dict)  # "BATCHxPIXELS": seconds (train.compile)
+    capture_seconds: float | None = None  # train.cuda_graphs
 
     @property
     def cfg(self) -> config.TrainConfig:
@@ -372,16 +373,15 @@ def _warm_up(run: _Run) -> None:
     if cfg.compile:  # one compile per training resolution, at the full batch (Trainable.net_for)
         n = run.per_rank_batch
         each = {size: warm_up(t, run.precision, [n], size, *shape_args) for size in train_sizes(cfg)}
-        run.setup_seconds["compile"] = sum(each.values())
         run.compile_seconds_each = {f"{n}x{size}": s for size, s in each.items()}
         shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for size, s in each.items())
-        run.log(f"{run.variant}: compiled in {run.setup_seconds['compile']:.1f} s ({shapes})")
+        run.log(f"{run.variant}: compiled in {sum(each.values()):.1f} s ({shapes})")
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
         num_classes, channels_last, _, dtype, channels = shape_args
-        run.setup_seconds["capture"] = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
+        run.capture_seconds = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
-                f"in {run.setup_seconds['capture']:.1f} s")
+                f"in {run.capture_seconds:.1f} s")
     elif run.rt.device.type == "cuda":  # (compiled: the short last batch, which runs eagerly)
         for size in train_sizes(cfg):
             warm_up(t, run.precision, [last] if cfg.compile else [run.per_rank_batch, last], size, *shape_args)
@@ -628,7 +628,6 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
     steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
     steady_seconds = sum(r.seconds for r in steady) / len(steady)
     steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
-    setup = {k: round(v, 3) for k, v in run.setup_seconds.items()}
     return {
         "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
         "epochs": len(h),
@@ -641,10 +640,10 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "epoch_seconds_each": [round(r.seconds, 3) for r in h],
         "images_per_second": round(steady_ips, 1),
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
-        "compile_seconds": setup.get("compile"),  # outside the timed epochs, like the capture
+        "compile_seconds": round(sum(run.compile_seconds_each.values()), 3) if run.compile_seconds_each else None,
         "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
-        "capture_seconds": setup.get("capture"),
+        "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
         "deterministic": cfg.deterministic,
         "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
         "final_train_loss": round(h[-1].train_loss, 6),
