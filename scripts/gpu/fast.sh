@@ -16,7 +16,7 @@
 # train_seconds are not the recipe's (they share the GPU), and each row of fast.jsonl says "jobs": n.
 set -u
 [ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT \"SEEDS\" [\"CONFIGS\"] [skip-bench]" >&2; exit 2; }
-archive=$(realpath "$1"); work=$(realpath -m "$2"); out=$(realpath -m "$3"); seeds=$4; configs=${5:-"train.seed=0"}
+archive=$(realpath "$1"); work=$(realpath -m "$2"); out=$(realpath -m "$3"); seeds=$4; configs=${5:-recipe}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$repo/src PYTHONUNBUFFERED=1
 ft() { python3 -m fasttrain "$@"; }
@@ -40,7 +40,8 @@ fi
 one() {  # one run: config number $1, config $2, seed $3; its log is printed in one piece at the end
   local n=$1 config=$2 seed=$3 d=$work/run-$1-$3
   rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
-  python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" ${config//,/ }
+  local sets=${config//,/ } && [ "$config" = recipe ] && sets=""
+  python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" $sets
   {
     echo "config $n: $config seed $seed"
     local t0 t1 t2
