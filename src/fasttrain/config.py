@@ -148,6 +148,22 @@ def _type_ok(value, annotation) -> bool:
     return False
 
 
+def _yaml_number_hint(value, annotation) -> str:
+    """YAML 1.1 (PyYAML, DVC's -S) reads 6e-4 as a string: its floats need a dot and a signed exponent."""
+    if annotation not in ("float", "float | None") or not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    mantissa, _, exponent = value.lower().partition("e")
+    if not exponent or number != number:  # not an exponent form, or nan
+        return ""
+    mantissa = mantissa if "." in mantissa else mantissa + ".0"
+    exponent = exponent if exponent[0] in "+-" else "+" + exponent
+    return f" (YAML reads {value} as a string: write {mantissa}e{exponent})"
+
+
 def _type_name(annotation) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
             "str | None": "a string or null", "int | None": "an integer or null",
@@ -167,7 +183,8 @@ def _section(cls, section: str, raw) -> object:
     for name, value in raw.items():
         annotation = fields[name].type
         if not _type_ok(value, annotation):
-            raise FasttrainError(f"params {section}.{name} must be {_type_name(annotation)}, got {value!r}")
+            raise FasttrainError(f"params {section}.{name} must be {_type_name(annotation)}, got {value!r}"
+                                 + _yaml_number_hint(value, annotation))
         if annotation in ("float", "float | None") and value is not None:
             value = float(value)
         check = _RANGES.get((section, name))

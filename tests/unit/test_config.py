@@ -42,6 +42,22 @@ def test_bad_params_are_one_line_errors(raw, fragment):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text, written", [("6e-4", "6.0e-4"), ("1E3", "1.0e+3"), ("2.5e-3", None), ("7.0e-4", None)])
+def test_a_number_yaml_reads_as_a_string_is_an_error_that_says_how_to_write_it(tmp_path, text, written):
+    """YAML 1.1 (PyYAML, as DVC reads params.yaml too) needs a dot and a signed exponent: 6e-4 is a
+    string. The error names the spelling that YAML reads as the number, checked by reading it back."""
+    path = tmp_path / "params.yaml"
+    path.write_text(f"train:\n  lr: {text}\n")
+    if written is None:  # already a float to YAML
+        assert config.load(path).train.lr == float(text)
+        return
+    with pytest.raises(FasttrainError) as e:
+        config.load(path)
+    assert str(e.value) == f"params train.lr must be a number, got '{text}' (YAML reads {text} as a string: write {written})"
+    path.write_text(f"train:\n  lr: {written}\n")
+    assert config.load(path).train.lr == float(text)
+
+
 def test_load_reports_missing_and_malformed_files(tmp_path):
     with pytest.raises(FasttrainError, match="params file not found"):
         config.load(tmp_path / "nope.yaml")
@@ -75,3 +91,4 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     assert (p.train.space_to_depth, p.train.separable_max_pool, p.train.pad_channels) == (True, True, False)
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
+
