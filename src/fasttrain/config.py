@@ -60,6 +60,7 @@ class TrainConfig:
     progressive_epochs: int = 0  # progressive resizing: the first N epochs train at progressive_size (gpu loader)
     progressive_size: int = 160  # pixels per side in those epochs; evaluation is always at img_size
     scheduler: str = "plateau"  # plateau: ReduceLROnPlateau on the epoch's train loss; onecycle; none
+    cycle_momentum: bool = True  # onecycle: beta1 cycles 0.95 -> 0.85 -> 0.95 against the lr; false: it stays 0.9
     plateau_factor: float = 0.1
     plateau_patience: int = 2  # epochs without improvement before the lr is cut
     nproc: int | None = None  # ddp processes / dp GPUs; null = every visible GPU (ddp: 2 processes without one)

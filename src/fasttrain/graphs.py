@@ -41,9 +41,10 @@ def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | Non
     if not params.train.fused_adamw:
         return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
                 "GradScaler reads its found-inf flag on the host every step")
-    if params.train.scheduler == "onecycle":
-        return ("train.cuda_graphs: runs eagerly with train.scheduler: onecycle: it cycles AdamW's beta1 every "
-                "step, a number the fused AdamW kernel takes from the host, so a graph would keep the first step's")
+    if params.train.scheduler == "onecycle" and params.train.cycle_momentum:
+        return ("train.cuda_graphs: runs eagerly with train.scheduler: onecycle and train.cycle_momentum: true: it "
+                "cycles AdamW's beta1 every step, a number the fused AdamW kernel takes from the host, so a graph "
+                "would keep the first step's (train.cycle_momentum: false keeps beta1 at 0.9 and allows graphs)")
     return None
 
 

@@ -126,7 +126,7 @@ def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):
                                                           patience=cfg.plateau_patience)
     if cfg.scheduler == "onecycle":
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, epochs=cfg.epochs,
-                                                   steps_per_epoch=steps_per_epoch)
+                                                   steps_per_epoch=steps_per_epoch, cycle_momentum=cfg.cycle_momentum)
     return None
 
 
@@ -562,7 +562,7 @@ def _finish(run: _Run, wall_start: float) -> dict:
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
                "space_to_depth", "separable_max_pool", "compile", "progressive_epochs", "progressive_size",
-               "adam_beta2", "deterministic")
+               "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 
 

@@ -16,24 +16,28 @@ from scratch import run, set_params
 
 # --- where graphs cannot run: the reason, in one line -------------------------------------------
 
-@pytest.mark.parametrize("parallel_name, device, fused, scheduler, expected", [
-    ("single", "cuda", True, "plateau", None),
-    ("ddp", "cuda", True, "plateau", None),
-    ("single", "cuda", True, "none", None),
-    ("single", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("ddp", "cpu", True, "plateau", "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("dp", "cuda", True, "plateau", "train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to "
-                                    "every GPU and runs the replicas from several threads each step, which one "
-                                    "graph cannot record"),
-    ("single", "cuda", False, "plateau", "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the "
-                                         "unfused AdamW under GradScaler reads its found-inf flag on the host every step"),
-    ("ddp", "cuda", True, "onecycle", "train.cuda_graphs: runs eagerly with train.scheduler: onecycle: it cycles "
-                                      "AdamW's beta1 every step, a number the fused AdamW kernel takes from the host, "
-                                      "so a graph would keep the first step's"),
+@pytest.mark.parametrize("parallel_name, device, fused, scheduler, cycle_momentum, expected", [
+    ("single", "cuda", True, "plateau", True, None),
+    ("ddp", "cuda", True, "plateau", True, None),
+    ("single", "cuda", True, "none", True, None),
+    ("single", "cuda", True, "onecycle", False, None),
+    ("single", "cpu", True, "plateau", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("ddp", "cpu", True, "plateau", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
+    ("dp", "cuda", True, "plateau", True, "train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to "
+                                          "every GPU and runs the replicas from several threads each step, which one "
+                                          "graph cannot record"),
+    ("single", "cuda", False, "plateau", True, "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the "
+                                               "unfused AdamW under GradScaler reads its found-inf flag on the host "
+                                               "every step"),
+    ("ddp", "cuda", True, "onecycle", True, "train.cuda_graphs: runs eagerly with train.scheduler: onecycle and "
+                                            "train.cycle_momentum: true: it cycles AdamW's beta1 every step, a number "
+                                            "the fused AdamW kernel takes from the host, so a graph would keep the "
+                                            "first step's (train.cycle_momentum: false keeps beta1 at 0.9 and allows "
+                                            "graphs)"),
 ])
 def test_graphs_run_on_a_gpu_for_single_and_ddp_and_say_why_not_elsewhere(parallel_name, device, fused, scheduler,
-                                                                          expected):
-    params = config.from_dict({"train": {"fused_adamw": fused, "scheduler": scheduler}})
+                                                                          cycle_momentum, expected):
+    params = config.from_dict({"train": {"fused_adamw": fused, "scheduler": scheduler, "cycle_momentum": cycle_momentum}})
     rt = parallel.Runtime(parallel_name, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
     assert graphs.unavailable_reason(params, rt) == expected
 
