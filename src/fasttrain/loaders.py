@@ -217,6 +217,16 @@ class GpuLoader:
             raise FasttrainError(f"img_size must be positive, got {img_size}")
         self.img_size = img_size
 
+    def warm_up(self, sizes) -> None:
+        """One chunk at each of `sizes`, then back to the current size: the kernel's first launch at
+        a size (Triton's compile or cache load) and the chunk buffers' first allocation happen here,
+        not in the first timed epoch at that size. It draws no random numbers: the batches stay."""
+        current = self.img_size
+        for size in sizes:
+            self.set_img_size(size)
+            next(iter(self), None)
+        self.set_img_size(current)
+
     def set_epoch(self, epoch: int) -> None:
         if not self.train:
             return

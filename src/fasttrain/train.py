@@ -31,7 +31,7 @@ from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, input_channels, input_dtype,
                               nondeterministic_ops_recorded, set_deterministic, synchronize, train_step, warm_up)
-from fasttrain.loaders import Loader, make_eval_loader, make_train_loader
+from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, first_conv, separable_max_pools, space_to_depth_first_conv
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
@@ -365,8 +365,11 @@ def _warm_up(run: _Run) -> None:
     eagerly) and capture the CUDA graphs (train.cuda_graphs: the full and the short last batch at
     each resolution). On a GPU every shape training will meet runs here once (forward and
     backward, then undone), so a batch that does not fit fails here, before the first epoch, and
-    not minutes into it."""
+    not minutes into it; the gpu loader makes a chunk at each resolution first (its kernel's first
+    launch and buffers), so no timed epoch carries them."""
     cfg, t, dataset = run.cfg, run.t, run.dataset
+    if run.rt.device.type == "cuda" and isinstance(run.train_loader, GpuLoader):
+        run.train_loader.warm_up(train_sizes(cfg))
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
                   input_dtype(run.params, run.precision), input_channels(run.params))

@@ -196,6 +196,25 @@ def test_gpu_set_img_size_changes_the_size_from_the_next_batch_on():
         loader.set_img_size(0)
 
 
+def test_gpu_warm_up_makes_a_chunk_at_each_size_and_changes_no_batch(monkeypatch):
+    """Training warms the loader up at every training resolution before its first timed epoch (the
+    kernel's first launch at a size, the chunk buffers' first allocation): one chunk per size is
+    made, and the epoch's batches, their size and order are those of a loader never warmed up."""
+    import fasttrain.loaders as loaders
+
+    made = []
+    real = loaders.to_float_resized
+    monkeypatch.setattr(loaders, "to_float_resized", lambda x, size, *a: made.append(size) or real(x, size, *a))
+    warmed, cold = (_train(n=37, batch_size=8, img_size=12, augment=True) for _ in range(2))
+    for loader in (warmed, cold):
+        loader.set_epoch(1)
+    warmed.warm_up([10, 12, 14])
+    assert made == [10, 12, 14] and warmed.img_size == 12
+    made.clear()
+    for (x, y), (ref_x, ref_y) in zip(warmed, cold, strict=True):
+        assert torch.equal(x, ref_x) and torch.equal(y, ref_y) and x.shape[-1] == 12
+
+
 def test_gpu_resize_matches_interpolate_exactly():
     images, labels = _data(n=20, size=8)
     loader = make_eval_loader("gpu", images, labels, batch_size=6, img_size=20, device=CPU)
