@@ -5,7 +5,7 @@ VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # torch.compile's cache (train.compile, the fast recipe): in the repository, git-ignored, by absolute
 # path, so it outlives reboots, /tmp cleaners and a DVC experiment's temporary workspace. A cold cache
-# costs the fast recipe about 45 s more compile (docs/fast-recipe.md). Set the variable to move it.
+# costs the fast recipe about 35 s more compile on an H200 (docs/fast-recipe.md). Set the variable to move it.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
 
 # The variant names, read from their one home, src/fasttrain/layout.py (standard library only, so any

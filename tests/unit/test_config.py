@@ -92,3 +92,17 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
 
+
+def test_the_fast_recipe_runs_its_step_from_cuda_graphs_on_a_gpu():
+    """The recipe's 12-second figure is a graphed run's: on a GPU nothing in it makes the step run
+    eagerly (onecycle's beta1 cycle would: cycle_momentum is off)."""
+    import torch
+
+    from fasttrain import graphs, parallel
+
+    raw = yaml.safe_load(open("params.yaml"))
+    for section, values in yaml.safe_load(open("recipes/fast.yaml")).items():
+        raw[section].update(values)
+    p = config.from_dict(raw)
+    assert p.train.cuda_graphs and p.train.scheduler == "onecycle" and not p.train.cycle_momentum
+    assert graphs.unavailable_reason(p, parallel.Runtime("single", torch.device("cuda", 0))) is None
