@@ -24,13 +24,15 @@ def save(obj, path: Path, what: str = "a training checkpoint") -> None:
     atomic_write(path, lambda f: torch.save(obj, f), what)  # streamed: no in-memory copy of the whole file
 
 
-def load(path: Path, map_location="cpu") -> dict:
-    """torch.load with weights_only=True: a checkpoint can hold tensors and plain data, never code."""
+def load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
+    """torch.load with weights_only=True: a checkpoint can hold tensors and plain data, never code.
+    With mmap (map_location "cpu") the tensors stay in the file, read only when used: what a
+    checkpoint holds besides its tensors costs milliseconds to read, not a pass over the file."""
     path = Path(path)
     if not path.is_file():
         raise FasttrainError(f"checkpoint not found: {path}")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FasttrainError(f"{path} is refused by torch.load(weights_only=True), not a fasttrain checkpoint: {first}") from None
