@@ -1,3 +1,3 @@
-from fasttrain.cli import main
+from fasttrain.cli import run
 
-main()
+run()

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
+import threading
 
 import click
 
@@ -65,3 +68,38 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("fasttrain: interrupted", err=True)
         sys.exit(130)
+
+
+def run() -> None:
+    """The console script and `python -m fasttrain`: main(), then the process ends without tearing the
+    interpreter down. Once a command has written its outputs that teardown only frees memory the kernel
+    frees anyway, and with torch, CUDA and a compiled model loaded it takes seconds (`after` in
+    `scripts/gpu/fast_summary.py --wall`). What a normal exit does first is done here too: the other
+    threads joined, the atexit handlers run (inductor's compile workers, logging), stdout and stderr
+    flushed. An exception main() does not catch (a bug) ends as usual, with its traceback."""
+    try:
+        main()
+        status = 0
+    except SystemExit as e:
+        status = _exit_status(e.code)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):  # last: the handlers may print too
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: nothing more can reach it
+            pass
+    os._exit(status)
+
+
+def _exit_status(code) -> int:
+    """As the interpreter maps sys.exit's argument: None is 0, an int itself, anything else is
+    printed to stderr and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
