@@ -168,7 +168,7 @@ def _state_from_dict(d: dict) -> TrainState:
                       d.get("epoch_steps", 0), d.get("epoch_seconds", 0.0))
 
 
-def checkpoint_to_resume(path: Path, digest: str, rt: parallel.Runtime, explicit: bool) -> dict | None:
+def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None:
     """The training checkpoint to resume from, or None for a fresh run.
 
     A finished run found in checkpoints/ is not resumed (re-running a stage measures it again), and
@@ -339,7 +339,7 @@ class _GuardedWriter:
 
 def _resume(run: _Run, resume: Path | None) -> None:
     resume_from = resume or run.ckpt_path
-    ckpt = checkpoint_to_resume(resume_from, run.digest, run.rt, explicit=resume is not None)
+    ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None)
     if ckpt is None:
         return
     t = run.t

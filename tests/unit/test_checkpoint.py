@@ -6,12 +6,11 @@ import sys
 import pytest
 import torch
 
-from fasttrain import checkpoint, parallel
+from fasttrain import checkpoint
 from fasttrain.errors import FasttrainError
 from fasttrain.train import checkpoint_to_resume
 
 BIG = 64 * 2**20  # float32 values: a 256 MB tensor, as a stand-in for AlexNet's 685 MB with AdamW's state
-CPU = parallel.Runtime("single", torch.device("cpu"))
 
 
 def _checkpoint(path, epoch, planned=2, digest="abc", values=1000):
@@ -21,14 +20,14 @@ def _checkpoint(path, epoch, planned=2, digest="abc", values=1000):
 
 
 def test_an_unfinished_run_of_the_same_config_is_resumed_with_its_values(tmp_path):
-    ckpt = checkpoint_to_resume(_checkpoint(tmp_path / "last.pt", epoch=1), "abc", CPU, explicit=False)
+    ckpt = checkpoint_to_resume(_checkpoint(tmp_path / "last.pt", epoch=1), "abc", explicit=False)
     assert ckpt["state"]["epoch"] == 1 and torch.equal(ckpt["model"]["w"], torch.ones(1000))
 
 
 def test_a_finished_run_is_not_resumed_and_an_unfinished_one_of_another_config_is_refused(tmp_path):
-    assert checkpoint_to_resume(_checkpoint(tmp_path / "done.pt", epoch=2), "abc", CPU, explicit=False) is None
+    assert checkpoint_to_resume(_checkpoint(tmp_path / "done.pt", epoch=2), "abc", explicit=False) is None
     with pytest.raises(FasttrainError, match=r"other.pt is from another config \(hash xyz, now abc\)"):
-        checkpoint_to_resume(_checkpoint(tmp_path / "other.pt", epoch=1, digest="xyz"), "abc", CPU, explicit=False)
+        checkpoint_to_resume(_checkpoint(tmp_path / "other.pt", epoch=1, digest="xyz"), "abc", explicit=False)
 
 
 @pytest.mark.slow
@@ -41,13 +40,11 @@ def test_learning_that_a_run_is_finished_reads_none_of_its_tensors(tmp_path):
     code = """
 import re, sys
 from pathlib import Path
-import torch
-from fasttrain import parallel
 from fasttrain.train import checkpoint_to_resume
 def peak_kb():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
 before = peak_kb()
-found = checkpoint_to_resume(Path(sys.argv[1]), "abc", parallel.Runtime("single", torch.device("cpu")), explicit=False)
+found = checkpoint_to_resume(Path(sys.argv[1]), "abc", explicit=False)
 print(found is None, (peak_kb() - before) // 1024)
 """
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
