@@ -9,8 +9,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import BIN, TINY, copy_repo, run, set_params
+from scratch import BIN, REPO, TINY, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -34,6 +36,7 @@ RESUMABLE = {
               "device": "cpu"},  # bit-exact comparisons: the CPU, even on a machine with GPUs
 }
 SIGKILLED = -signal.SIGKILL
+GATE = Path(__file__).parent / "epoch_gate"  # holds fasttrain after its first epoch (test_live_queue.py too)
 
 
 def env() -> dict:
@@ -342,15 +345,31 @@ def test_ddp_worker_that_dies_every_time_fails_the_run_once_restarts_are_used_up
 
 @pytest.mark.slow
 def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
+    """Ctrl-C while the stage trains. "While" is an event, not a guess about speed: the epoch gate
+    (epoch_gate/sitecustomize.py) holds fasttrain after its first epoch, checkpoint written, until the
+    SIGINT has come."""
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
     ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
-    # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
-    proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=env(), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")
-    os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-sigint-"))  # AF_UNIX paths are limited to ~100 bytes
+    gated = {**env(), "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
+             "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(gated["FASTTRAIN_TEST_EPOCH_SOCKET"])
+            server.listen(1)
+            server.settimeout(300)
+            # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
+            proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated,
+                                    start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
+            with conn:
+                assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
+                os.killpg(proc.pid, signal.SIGINT)
+                out, _ = proc.communicate(timeout=120)
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
     assert proc.returncode != 0, out
+    assert "fasttrain: aborted" in out and "exited with 130" in out, out  # fasttrain itself got the Ctrl-C
     assert not (repo / "models" / "single-fp32.pt").exists()
 
     again = run(["dvc", "repro", "train@single-fp32"], repo)

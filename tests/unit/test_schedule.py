@@ -29,7 +29,7 @@ def _cos(start, end, pct):  # torch's cosine annealing from start to end, pct of
     return end + (start - end) / 2 * (1 + math.cos(math.pi * pct))
 
 
-pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\(\)` before")
+pytestmark = pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)` before")
 
 
 @pytest.mark.parametrize("tensor_lr", [False, True])
