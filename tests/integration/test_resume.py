@@ -4,6 +4,7 @@ Real processes and real signals: `fasttrain` and `dvc` run as subprocesses in sc
 repo, and are killed with SIGKILL or interrupted with SIGINT the way a crash or a Ctrl-C would.
 """
 
+import contextlib
 import csv
 import json
 import os
@@ -59,6 +60,23 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300, what: str 
             proc.kill()
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def epoch_gate():
+    """(env, listening socket): a fasttrain started with env reports the end of its first epoch on
+    the socket (rank 0, after the checkpoint) and waits there until the test answers or signals it."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-gate-"))  # AF_UNIX paths are limited to ~100 bytes
+    gated = {**env(), "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
+             "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(gated["FASTTRAIN_TEST_EPOCH_SOCKET"])
+            server.listen(1)
+            server.settimeout(300)
+            yield gated, server
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def final_model(repo: Path, variant: str) -> dict:
@@ -350,24 +368,15 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     SIGINT has come."""
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
     ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
-    sock_dir = Path(tempfile.mkdtemp(prefix="ft-sigint-"))  # AF_UNIX paths are limited to ~100 bytes
-    gated = {**env(), "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
-             "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    try:
-        with socket.socket(socket.AF_UNIX) as server:
-            server.bind(gated["FASTTRAIN_TEST_EPOCH_SOCKET"])
-            server.listen(1)
-            server.settimeout(300)
-            # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
-            proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated,
-                                    start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
-            with conn:
-                assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
-                os.killpg(proc.pid, signal.SIGINT)
-                out, _ = proc.communicate(timeout=120)
-    finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    with epoch_gate() as (gated, server):
+        # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
+        proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
+        with conn:
+            assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
+            os.killpg(proc.pid, signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
     assert "fasttrain: aborted" in out and "exited with 130" in out, out  # fasttrain itself got the Ctrl-C
     assert not (repo / "models" / "single-fp32.pt").exists()
@@ -384,11 +393,15 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
     repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2}})
     run(["fasttrain", "download"], repo)
     ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
-    proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo, env=env(),
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher's process group (workers have their own)
-    _, err = proc.communicate(timeout=120)
+    with epoch_gate() as (gated, server):  # rank 0 waits after its first epoch, checkpoint written
+        proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo,
+                                env=gated, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        conn, _ = server.accept()
+        with conn:
+            assert conn.makefile().readline() == "ddp-fp32\n" and ckpt.exists()
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher's process group (workers have their own)
+            _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "fasttrain: aborted" and "Traceback" not in err, err
     # The launcher has exited; its workers may take a moment more to end, but not many.
