@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fasttrain import lease
-from fasttrain.errors import FasttrainError, Preempted
+from fasttrain.errors import FasttrainError, PeersLost, Preempted
 from fasttrain.layout import PARALLELS
 
 
@@ -202,7 +202,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     try:
         run(args)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        rank, failure = root_failure(e.failures)
         if failure.exitcode == Preempted.exit_status:  # the workers were signalled, not the launcher
             raise Preempted(f"ddp workers stopped by a signal after their checkpoint: run the same "
                             f"command again to resume (exit {Preempted.exit_status})") from None
@@ -351,6 +351,14 @@ def check_same_file(path: Path, rt: Runtime) -> None:
                          f"or keep the repository on storage they all see")
 
 
+def root_failure(failures: dict) -> tuple:
+    """(rank, failure) to name from torchrun's failed workers: the earliest to fail on its own. Ranks
+    that only lost it (PeersLost's exit status) count only when no other rank failed."""
+    own = {rank: f for rank, f in failures.items() if f.exitcode != PeersLost.exit_status} or failures
+    rank = min(own, key=lambda r: (own[r].timestamp, r))
+    return rank, own[rank]
+
+
 @contextlib.contextmanager
 def peers_lost_as_errors(rt: Runtime):
     """A collective that fails because another rank died or stopped answering (gloo: connection
@@ -363,7 +371,7 @@ def peers_lost_as_errors(rt: Runtime):
         line = _first_line(e)
         if not rt.distributed or not isinstance(e, dist.DistError) and "gloo" not in line.lower():
             raise
-        raise FasttrainError(f"ddp rank {rt.rank} of {rt.world_size} on {socket.gethostname()} lost the other ranks "
+        raise PeersLost(f"ddp rank {rt.rank} of {rt.world_size} on {socket.gethostname()} lost the other ranks "
                              f"({line}): a node died or stopped answering within {DIST_TIMEOUT}") from None
 
 

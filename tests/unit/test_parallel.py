@@ -159,3 +159,26 @@ def test_a_failing_replica_raises_in_the_caller():
 
     with pytest.raises(ValueError, match="replica failed"):
         ReplicaThreads(2).run([_Probe(), _Probe(fail=True)], [(torch.tensor(1.0),)] * 2, [{}, {}], [None, None])
+
+
+def _failure(exitcode: int, timestamp: int):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    f = ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="/nonexistent")
+    f.timestamp = timestamp  # torchrun's: whole seconds, taken when it saw the process end
+    return f
+
+
+@pytest.mark.parametrize("failures, named", [
+    ({0: (76, 100), 1: (-9, 100)}, 1),  # rank 1 killed, rank 0 lost it in the same second: rank 1
+    ({0: (76, 99), 1: (-9, 100)}, 1),  # even when the lost peer was seen a second earlier
+    ({0: (1, 100), 1: (1, 101)}, 0),  # two failures of their own: the earlier
+    ({0: (1, 100), 1: (1, 100)}, 0),  # a tie: the lower rank
+    ({0: (76, 100), 1: (76, 100)}, 0),  # only lost peers (a node died): the earliest of them
+])
+def test_the_launcher_names_the_rank_that_failed_on_its_own_not_one_that_lost_it(failures, named):
+    from fasttrain.errors import PeersLost
+
+    assert PeersLost.exit_status == 76
+    rank, failure = parallel.root_failure({r: _failure(*f) for r, f in failures.items()})
+    assert rank == named and failure.exitcode == failures[named][0]

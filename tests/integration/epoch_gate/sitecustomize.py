@@ -12,6 +12,7 @@ import importlib.util
 import os
 import socket
 import sys
+import time
 
 SOCKET = os.environ.get("FASTTRAIN_TEST_EPOCH_SOCKET")
 
@@ -23,10 +24,19 @@ def _wrap(module) -> None:
         write_progress(run)
         if run.state.history[-1].epoch == 1:
             with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(600)  # a test that died must not leave training hung for ever
+                s.settimeout(60)
                 s.connect(SOCKET)
                 s.sendall(f"{run.variant}\n".encode())
-                s.recv(16)  # the test's go-ahead (or its end)
+                # the test's go-ahead (or its end), in short waits: a SIGINT the kernel hands to another
+                # thread does not interrupt a blocked recv, and Python raises it only between waits
+                s.settimeout(0.1)
+                deadline = time.monotonic() + 600  # a test that died must not leave training hung for ever
+                while time.monotonic() < deadline:
+                    try:
+                        s.recv(16)
+                        break
+                    except TimeoutError:
+                        continue
 
     module._write_progress = gated
 
