@@ -370,8 +370,11 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
     with epoch_gate() as (gated, server):
         # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
+        # SIGINT at its default, as a terminal gives it: a process that starts with it ignored keeps it
+        # ignored (an earlier test's in-process dvc can leave pytest so, and children inherit it)
         proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
         with conn:
             assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
