@@ -49,16 +49,20 @@ class DiskError(FasttrainError):
 
 
 @contextlib.contextmanager
-def disk_errors(path: Path, what: str):
-    """Turns a full disk or a refused permission while writing `what` to `path` into one line."""
+def disk_errors(path: Path, what: str, verb: str = "write"):
+    """Turns a full disk or a refused permission while writing (or, verb "remove", removing) `what` at
+    `path` into one line."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 (torch.save wraps the OSError in a RuntimeError)
         os_error = disk_error(e)
         if os_error is None:
             raise
-        raise DiskError(f"could not write {what} to {path}: {os_error.strerror} (errno {errno.errorcode.get(os_error.errno, os_error.errno)}); "
-                        f"{free_space(path)} there; earlier files are unchanged") from None
+        why = f"{os_error.strerror} (errno {errno.errorcode.get(os_error.errno, os_error.errno)})"
+        if verb == "remove":
+            raise DiskError(f"could not remove {what} {path}: {why}") from None
+        raise DiskError(f"could not write {what} to {path}: {why}; {free_space(path)} there; "
+                        f"earlier files are unchanged") from None
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "a file") -> None:

@@ -24,6 +24,15 @@ def save(obj, path: Path, what: str = "a training checkpoint") -> None:
     atomic_write(path, lambda f: torch.save(obj, f), what)  # streamed: no in-memory copy of the whole file
 
 
+def remove(path: Path, what: str = "a finished run's checkpoint") -> None:
+    """The checkpoint at `path`, if any, and any temporary file an interrupted save of it left."""
+    path = Path(path)
+    with disk_errors(path, what, verb="remove"):
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
 def load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
     """torch.load with weights_only=True: a checkpoint can hold tensors and plain data, never code.
     With mmap (map_location "cpu") the tensors stay in the file, read only when used: what a

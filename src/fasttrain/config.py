@@ -80,7 +80,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
     max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
-    checkpoint_every: int = 5  # epochs between training checkpoints (the last epoch always writes one)
+    checkpoint_every: int = 5  # epochs between training checkpoints (none after the last epoch)
 
 
 @dataclass(frozen=True)

@@ -171,8 +171,9 @@ def _state_from_dict(d: dict) -> TrainState:
 def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None:
     """The training checkpoint to resume from, or None for a fresh run.
 
-    A finished run found in checkpoints/ is not resumed (re-running a stage measures it again), and
-    it may come from any config; an unfinished one from another config is refused rather than
+    A finished run found in checkpoints/ (a finished run removes its own; this one was copied in or
+    left by an older fasttrain) is not resumed (re-running a stage measures it again), and it may
+    come from any config; an unfinished one from another config is refused rather than
     silently thrown away. A checkpoint named with --resume must exist, load and be unfinished.
     """
     if not explicit and not path.exists():
@@ -256,7 +257,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                 whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
                 if whole:
                     _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
-                if stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0 or run.state.epoch == run.cfg.epochs:
+                # none after the last epoch: the final model is written next, and a finished run is never resumed
+                if run.state.epoch < run.cfg.epochs and (stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0):
                     with clock.phase("checkpoints"):
                         _save_checkpoint(run, None if whole else (steps, seconds))
                 if whole and rt.is_main:
@@ -559,6 +561,7 @@ def _finish(run: _Run, wall_start: float) -> dict:
                                run_name=".")  # "." keeps the hparams in the variant's own run folder
         run.writer.flush()
         run.writer.close()
+        _drop_checkpoint(run)  # last: an output that fails to be written leaves the run resumable
     parallel.barrier(rt)
     return metrics
 
@@ -594,6 +597,16 @@ def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) ->
     run.saved_epoch = run.state.epoch
     run.checkpoints_written += 1
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
+
+
+def _drop_checkpoint(run: _Run) -> None:
+    """Once the final outputs are written, the variant's checkpoint (an earlier epoch's, ~685 MB for AlexNet
+    with AdamW's state) and its TensorBoard copy go: the next `train` would otherwise resume it instead of
+    measuring the run again. A checkpoint named with --resume elsewhere is the user's and stays."""
+    checkpoint.remove(run.ckpt_path)
+    shutil.rmtree(_kept_tensorboard(run), ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: something of the user's is in it
+        run.ckpt_path.parent.rmdir()
 
 
 def _kept_tensorboard(run: _Run) -> Path:

@@ -20,6 +20,7 @@ from fasttrain.atomic import DiskError
 from fasttrain.data import make_synthetic, prepare, save_dataset
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
+from fasttrain.preemption import EXIT_PREEMPTED
 from fasttrain.train import train
 
 AFTER_BYTES = 64  # some bytes land first, as on a disk that fills mid-file
@@ -121,9 +122,10 @@ def test_the_final_outputs_of_train(tmp_path, monkeypatch, kind, what):
     target.write_bytes(b"an earlier run's " + kind.encode())
     fill_disk_for(monkeypatch, target)
     with pytest.raises(DiskError) as e:
-        _train(layout)
+        _train(layout, epochs=2)
     one_line(e.value, what, target)
     assert target.read_bytes() == b"an earlier run's " + kind.encode() and temporaries(tmp_path) == []
+    # epoch 1's checkpoint stays (a finished run's goes only once every output is written): it resumes
     assert checkpoint.load(layout.checkpoint_dir("single-fp32") / "last.pt")["state"]["epoch"] == 1
 
 
@@ -133,7 +135,7 @@ def test_a_training_checkpoint(tmp_path, monkeypatch):
     last = layout.checkpoint_dir("single-fp32") / "last.pt"
     fill_disk_for(monkeypatch, last, from_call=2)  # epoch 1's is written, epoch 2's meets the full disk
     with pytest.raises(DiskError) as e:
-        _train(layout, epochs=2)
+        _train(layout, epochs=3)  # (none after the last epoch)
     one_line(e.value, "a training checkpoint", last)
     assert checkpoint.load(last)["state"]["epoch"] == 1 and temporaries(tmp_path) == []
 
@@ -165,16 +167,20 @@ def _mount_tmpfs(where: Path, size_bytes: int) -> str | None:
 
 @pytest.mark.slow
 def test_a_real_full_filesystem_under_checkpoints(tmp_path):
-    """checkpoints/ on a tmpfs that holds one checkpoint and a half: epoch 1's is written, epoch 2's
-    fills the disk. One line, exit 1, epoch 1's checkpoint intact, no temporary file left."""
+    """checkpoints/ on a tmpfs that holds one checkpoint and a half: of 3 epochs, epoch 1's is written,
+    epoch 2's fills the disk. One line, exit 1, epoch 1's checkpoint intact, no temporary file left."""
     repo = copy_repo(tmp_path / "repo")
     for o in (TINY, {"train": {"device": "cpu"}}):
         set_params(repo, o)
     run(["fasttrain", "download"], repo)
-    run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo)
+    # a checkpoint's size: that of the one a SIGTERM in epoch 2 leaves (a finished run keeps none)
+    set_params(repo, {"train": {"epochs": 3}})
+    sized = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo, check=False,
+                env={"FASTTRAIN_FAULT_SIGNAL_AT": "SIGTERM:0:2:1"})
+    assert sized.returncode == EXIT_PREEMPTED, sized.stderr[-2000:]
     one = (repo / "checkpoints" / "single-fp32" / "last.pt").stat().st_size
     for out in ("checkpoints", "models", "metrics", "plots", "tensorboard"):
-        shutil.rmtree(repo / out)
+        shutil.rmtree(repo / out, ignore_errors=True)  # (a stopped run wrote no model)
 
     mnt = tmp_path / "small-disk"
     reason = _mount_tmpfs(mnt, (one * 3 // 2 + 4095) // 4096 * 4096)
@@ -182,7 +188,6 @@ def test_a_real_full_filesystem_under_checkpoints(tmp_path):
         pytest.skip(reason)
     try:
         (repo / "checkpoints").symlink_to(mnt)
-        set_params(repo, {"train": {"epochs": 2}})
         failed = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo, check=False)
         assert failed.returncode == 1, failed.stderr
         last = failed.stderr.strip().splitlines()[-1]

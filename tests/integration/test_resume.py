@@ -28,6 +28,7 @@ from fasttrain.atomic import DiskError
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
+from fasttrain.preemption import EXIT_PREEMPTED
 from fasttrain.train import train
 
 # Three epochs of 16 steps: long enough to be killed mid-epoch, short enough to run three times.
@@ -129,11 +130,9 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
     for key in ("epochs", "final_train_loss", "final_test_accuracy", "grad_scaler_skipped_steps"):
         assert a[key] == b[key], key
     assert len(a["epoch_seconds_each"]) == 3
-    # The optimizer and scheduler went on exactly where they stopped, too.
-    ca, cb = checkpoint.load(ckpt), checkpoint.load(whole / "checkpoints" / "single-fp32" / "last.pt")
-    assert ca["scheduler"] == cb["scheduler"] and ca["state"]["global_step"] == cb["state"]["global_step"]
-    for sa, sb in zip(ca["optimizer"]["state"].values(), cb["optimizer"]["state"].values()):
-        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # (the optimizer and scheduler went on exactly where they stopped: equal weights after a whole epoch
+    # of AdamW steps, and the per-epoch table's lr column). Neither run keeps a checkpoint once finished.
+    assert not ckpt.exists() and not (whole / "checkpoints" / "single-fp32" / "last.pt").exists()
 
 
 # --- 2. An interrupted save leaves the previous checkpoint intact --------------------------------
@@ -269,9 +268,10 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
     assert progress["epochs"] == 1 and "images_per_second" not in progress
 
 
-def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_the_newest(tmp_path, monkeypatch):
-    """checkpoint_every: 2 over 5 epochs writes after epochs 2, 4 and 5. A crash in epoch 4 resumes
-    after epoch 2, names it, and ends with the uninterrupted run's weights; a NaN there names it too."""
+def test_checkpoints_every_n_epochs_none_after_the_last_and_a_crash_resumes_from_the_newest(tmp_path, monkeypatch):
+    """checkpoint_every: 2 over 5 epochs writes after epochs 2 and 4, not after 5: the final model comes
+    next, and the finished run's folder in checkpoints/ is removed. A crash in epoch 4 resumes after epoch
+    2, names it, and ends with the uninterrupted run's weights; a NaN there names it too."""
     from fasttrain.data import make_synthetic, save_dataset
 
     params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 5, "checkpoint_every": 2,
@@ -303,7 +303,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
         return layout, logs
 
     whole, _ = run(tmp_path / "whole")
-    assert saved == [2, 4, 5, None]  # None: the final model, which holds no training state
+    assert saved == [2, 4, None]  # None: the final model, which holds no training state
+    assert not whole.checkpoint_dir("single-fp32").exists()  # neither last.pt nor its TensorBoard copy
 
     saved.clear()
     with pytest.raises(RuntimeError, match="crash"):
@@ -311,7 +312,8 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
     assert saved == [2]
     layout, logs = run(tmp_path / "crashed")
     assert any("resuming from" in m and "after epoch 2" in m for m in logs), logs
-    assert saved == [2, 4, 5, None]
+    assert saved == [2, 4, None]
+    assert not layout.checkpoint_dir("single-fp32").exists()
     assert_same_state(final_model(whole.root, "single-fp32"), final_model(layout.root, "single-fp32"))
 
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 1 \(1 step\(s\)\); "
@@ -320,6 +322,46 @@ def test_checkpoints_every_n_epochs_and_after_the_last_and_a_crash_resumes_from_
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 4, step 1 .*last\.pt \(epoch 2\)$"):
         run(tmp_path / "nan-late", fail_at_step=7, nan=True)
 
+
+
+def test_a_finished_run_removes_its_own_checkpoint_and_nothing_of_the_users(tmp_path, monkeypatch):
+    """A run resumed from a checkpoint the user named elsewhere (--resume) finishes and leaves that
+    file alone; it removes checkpoints/<variant>/last.pt, its TensorBoard copy and a save's leftover
+    temporary file, but not the folder while a file of the user's is in it."""
+    from fasttrain.data import make_synthetic, save_dataset
+
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 steps an epoch
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "device": "cpu"}})
+    rt = parallel.setup("single", "cpu")
+    real_step, steps = engine.train_step, []
+
+    def crash_in_epoch_3(t, precision, x, y):
+        steps.append(1)
+        if len(steps) == 5:
+            raise RuntimeError("crash")
+        return real_step(t, precision, x, y)
+
+    monkeypatch.setattr("fasttrain.train.train_step", crash_in_epoch_3)
+    with pytest.raises(RuntimeError, match="crash"):
+        train(params, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)
+    folder = layout.checkpoint_dir("single-fp32")
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "tensorboard"]
+    saved = tmp_path / "saved.pt"
+    shutil.copy(folder / "last.pt", saved)
+    (folder / ".last.pt.x1y2z3.tmp").write_bytes(b"a save killed mid-write")
+    (folder / "notes.txt").write_text("the user's")
+
+    monkeypatch.setattr("fasttrain.train.train_step", real_step)
+    logs = []
+    train(params, PRECISIONS["fp32"], rt, layout, log=logs.append, resume=saved)
+    assert any(f"resuming from {saved} after epoch 2" in m for m in logs), logs
+    assert layout.model("single-fp32").exists() and checkpoint.load(saved)["state"]["epoch"] == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+    (folder / "notes.txt").unlink()
+    train(params, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)  # measured again, not resumed
+    assert not folder.exists() and saved.exists()
 
 # --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
 
@@ -505,12 +547,16 @@ def test_ddp_evaluation_is_identical_at_world_sizes_1_2_and_3(tmp_path):
 def test_dp_and_ddp_models_load_into_a_bare_torchvision_alexnet_strictly(tmp_path):
     repo = scratch_repo(tmp_path / "repo", {
         "data": {"synthetic_train_size": 16, "synthetic_test_size": 10},
-        "model": {"name": "alexnet"}, "train": {"img_size": 63, "batch_size": 16},
+        "model": {"name": "alexnet"}, "train": {"img_size": 63, "batch_size": 16, "epochs": 3},
     })
     run(["fasttrain", "download"], repo)
     for parallel_name in ("dp", "ddp"):
-        run(["fasttrain", "train", "--parallel", parallel_name, "--precision", "fp32"], repo)
-        for state in (final_model(repo, f"{parallel_name}-fp32"),
-                      checkpoint.load(repo / "checkpoints" / f"{parallel_name}-fp32" / "last.pt")["model"]):
+        cmd = ["fasttrain", "train", "--parallel", parallel_name, "--precision", "fp32"]
+        # a SIGTERM in epoch 2 leaves a checkpoint (a finished run keeps none); the next run finishes
+        stopped = run(cmd, repo, check=False, env={"FASTTRAIN_FAULT_SIGNAL_AT": "SIGTERM:0:2:1"})
+        assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-2000:]
+        last = checkpoint.load(repo / "checkpoints" / f"{parallel_name}-fp32" / "last.pt")["model"]
+        run(cmd, repo)
+        for state in (last, final_model(repo, f"{parallel_name}-fp32")):
             bare = torchvision.models.get_model("alexnet", weights=None, num_classes=10)
             assert bare.load_state_dict(state, strict=True).missing_keys == []

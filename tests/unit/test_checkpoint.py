@@ -51,3 +51,30 @@ print(found is None, (peak_kb() - before) // 1024)
     assert out.returncode == 0, out.stderr[-2000:]
     finished, grown_mb = out.stdout.split()
     assert finished == "True" and int(grown_mb) < 64, out.stdout
+
+
+def test_remove_takes_the_checkpoint_and_its_leftover_temporaries_and_nothing_else(tmp_path):
+    path = _checkpoint(tmp_path / "last.pt", epoch=2)
+    (tmp_path / ".last.pt.abc123.tmp").write_bytes(b"a save killed mid-write")
+    (tmp_path / ".other.pt.abc123.tmp").write_bytes(b"another file's")
+    (tmp_path / "last.pt.bak").write_bytes(b"the user's")
+    checkpoint.remove(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.abc123.tmp", "last.pt.bak"]
+    checkpoint.remove(path)  # none there: nothing to do
+
+
+def test_a_refused_removal_is_one_line_naming_the_file_and_the_reason(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from fasttrain.atomic import DiskError
+
+    path = _checkpoint(tmp_path / "last.pt", epoch=2)
+
+    def refused(self, missing_ok=False):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    with pytest.raises(DiskError) as e:
+        checkpoint.remove(path)
+    assert str(e.value) == f"could not remove a finished run's checkpoint {path}: Permission denied (errno EACCES)"
