@@ -1,15 +1,19 @@
 """A scratch copy of the repository, and running commands in it, for end-to-end tests."""
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+GATE = Path(__file__).parent / "epoch_gate"  # holds a fasttrain train after its first epoch
 
 
 def tracked_files() -> list[str]:
@@ -61,3 +65,22 @@ TINY = {
 }
 
 
+
+
+@contextlib.contextmanager
+def epoch_gate(backlog: int = 1, timeout: float = 300):
+    """(env, listening socket). Every `fasttrain train` started with `env` added to its environment,
+    however DVC starts it, reports the end of its first epoch on the socket (rank 0, after the
+    checkpoint) and waits there until the test answers or signals it (epoch_gate/sitecustomize.py),
+    so "while it runs" is an event, not a guess about timing. `timeout`: for the socket's accept."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-gate-"))  # AF_UNIX paths are limited to ~100 bytes
+    env = {"FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
+           "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(env["FASTTRAIN_TEST_EPOCH_SOCKET"])
+            server.listen(backlog)
+            server.settimeout(timeout)
+            yield env, server
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)

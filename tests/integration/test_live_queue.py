@@ -8,22 +8,18 @@ look (epoch_gate/sitecustomize.py), so the check happens while it runs by constr
 
 import json
 import os
-import socket
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from scratch import BIN, REPO, run, set_params
+from scratch import BIN, epoch_gate, run, set_params
 
 pytestmark = pytest.mark.slow
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 VARIANTS = ("single-fp32", "dp-fp32")  # dp without a GPU runs as one process: both cheap on 2 cores
 EPOCHS, STEPS_PER_EPOCH = 2, 2  # 64 images in batches of 32
-GATE = Path(__file__).parent / "epoch_gate"
 
 
 def running_metrics(exp_show: list, variant: str) -> list[dict]:
@@ -46,14 +42,9 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
     run(["git", "add", "-A"], tiny_repo)
     run(["git", "commit", "-qm", "tiny params and the data set"], tiny_repo, env=GIT_ENV)
 
-    # AF_UNIX paths are limited to ~100 bytes: pytest's tmp_path can be longer
-    sock_dir = Path(tempfile.mkdtemp(prefix="ft19-"))
-    env = {**GIT_ENV, "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
-           "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(env["FASTTRAIN_TEST_EPOCH_SOCKET"])
-        server.listen(2)
-        server.settimeout(600)  # both experiments' dvc start-up and first epoch, on 2 busy cores
+    # both experiments' dvc start-up and first epoch, on 2 busy cores
+    with epoch_gate(backlog=2, timeout=600) as (gate_env, server):
+        env = {**GIT_ENV, **gate_env}
         try:
             for variant in VARIANTS:
                 run(["dvc", "exp", "run", "--queue", "-n", f"live-{variant}", f"train@{variant}"], tiny_repo, env=env)

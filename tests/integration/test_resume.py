@@ -4,16 +4,13 @@ Real processes and real signals: `fasttrain` and `dvc` run as subprocesses in sc
 repo, and are killed with SIGKILL or interrupted with SIGINT the way a crash or a Ctrl-C would.
 """
 
-import contextlib
 import csv
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import BIN, REPO, TINY, copy_repo, run, set_params
+from scratch import BIN, TINY, copy_repo, epoch_gate, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -38,7 +35,6 @@ RESUMABLE = {
               "device": "cpu"},  # bit-exact comparisons: the CPU, even on a machine with GPUs
 }
 SIGKILLED = -signal.SIGKILL
-GATE = Path(__file__).parent / "epoch_gate"  # holds fasttrain after its first epoch (test_live_queue.py too)
 
 
 def env() -> dict:
@@ -61,23 +57,6 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300, what: str 
             proc.kill()
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def epoch_gate():
-    """(env, listening socket): a fasttrain started with env reports the end of its first epoch on
-    the socket (rank 0, after the checkpoint) and waits there until the test answers or signals it."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="ft-gate-"))  # AF_UNIX paths are limited to ~100 bytes
-    gated = {**env(), "FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
-             "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    try:
-        with socket.socket(socket.AF_UNIX) as server:
-            server.bind(gated["FASTTRAIN_TEST_EPOCH_SOCKET"])
-            server.listen(1)
-            server.settimeout(300)
-            yield gated, server
-    finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def final_model(repo: Path, variant: str) -> dict:
@@ -410,7 +389,8 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     SIGINT has come."""
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
     ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
-    with epoch_gate() as (gated, server):
+    with epoch_gate() as (gate_env, server):
+        gated = {**env(), **gate_env}
         # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
         # SIGINT at its default, as a terminal gives it: a process that starts with it ignored keeps it
         # ignored (an earlier test's in-process dvc can leave pytest so, and children inherit it)
@@ -438,7 +418,8 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
     repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2}})
     run(["fasttrain", "download"], repo)
     ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
-    with epoch_gate() as (gated, server):  # rank 0 waits after its first epoch, checkpoint written
+    with epoch_gate() as (gate_env, server):  # rank 0 waits after its first epoch, checkpoint written
+        gated = {**env(), **gate_env}
         proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo,
                                 env=gated, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)

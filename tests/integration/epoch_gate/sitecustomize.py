@@ -1,4 +1,4 @@
-"""Test hook, on PYTHONPATH only in test_live_queue.py and test_resume.py: every `fasttrain train`
+"""Test hook, put on PYTHONPATH by scratch.epoch_gate (test_live_queue.py, test_resume.py): every `fasttrain train`
 process, however DVC starts it (queued, in a temporary workspace), reports its first epoch's end to
 the test's socket at $FASTTRAIN_TEST_EPOCH_SOCKET and waits there until the test has looked (or
 signals it), so "while it runs" is an event, not a guess about timing.
