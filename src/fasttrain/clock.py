@@ -50,11 +50,12 @@ def seconds(name: str) -> float:
     return _seconds.get(name, 0.0)
 
 
-def report() -> dict[str, float]:
+def report(phases: tuple[str, ...] = ()) -> dict[str, float]:
     """Each phase's seconds so far, `other` for the rest and `total` for the process so far; the
-    phases and `other` add up to `total`."""
+    phases and `other` add up to `total`. `phases` come first and are there at 0.0 if never entered,
+    so every run's metrics have the same keys."""
     total = since_start()
-    out = {name: round(s, 3) for name, s in _seconds.items()}
+    out = {name: 0.0 for name in phases} | {name: round(s, 3) for name, s in _seconds.items()}
     out["other"] = round(total - sum(_seconds.values()), 3)
     out["total"] = round(total, 3)
     return out

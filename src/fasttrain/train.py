@@ -566,6 +566,10 @@ def _finish(run: _Run, wall_start: float) -> dict:
     return metrics
 
 
+# where the process's time goes (clock.phase), in the metrics whether or not the run entered them: a run
+# too short to checkpoint reports checkpoints 0.0; the final model's is the main process's
+PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model")
+
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
                "space_to_depth", "separable_max_pool", "compile", "progressive_epochs", "progressive_size",
@@ -650,7 +654,7 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "epochs": len(h),
         "train_seconds": round(sum(r.seconds for r in h), 3),
         "wall_seconds": round(wall_seconds, 3),  # from the start of training (data, model) to the final model
-        "process_seconds": clock.report(),  # this process's wall time by phase, start-up and checkpoints too
+        "process_seconds": clock.report(PHASES),  # this process's wall time by phase, start-up and checkpoints too
         "checkpoints_written": run.checkpoints_written,
         "first_epoch_seconds": round(h[0].seconds, 3),
         "epoch_seconds": round(steady_seconds, 3),
