@@ -32,9 +32,10 @@ def test_a_finished_run_is_not_resumed_and_an_unfinished_one_of_another_config_i
 
 @pytest.mark.slow
 def test_learning_that_a_run_is_finished_reads_none_of_its_tensors(tmp_path):
-    """Every `fasttrain train` of a variant whose last run finished meets that run's checkpoint in
-    checkpoints/. Learning that it is finished must not read its tensors: in a fresh process, the
-    peak memory grows by far less than the checkpoint's 256 MB tensor (a full read grows it by all)."""
+    """A finished run's checkpoint met in checkpoints/ (a finished run removes its own; this one was
+    copied in, or left by an older fasttrain) is trained over. Learning that it is finished must not
+    read its tensors: in a fresh process, the peak memory grows by far less than the checkpoint's
+    256 MB tensor (a full read grows it by all)."""
     path = _checkpoint(tmp_path / "last.pt", epoch=2, values=BIG)
     # VmHWM, this process's own peak (getrusage's ru_maxrss would carry the forking parent's over exec)
     code = """
