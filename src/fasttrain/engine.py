@@ -242,6 +242,23 @@ def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, 
     return x, torch.randint(0, num_classes, (n,), device=device)
 
 
+# torch.compile's on-disk caches, as dynamo's counters name them: AOTAutograd's (one entry per compiled
+# forward-and-backward graph) and inductor's FX graph cache (its forward and backward kernels' code)
+COMPILE_CACHES = {"aot_autograd": ("aot_autograd", "autograd_cache_"), "inductor": ("inductor", "fxgraph_cache_")}
+
+
+def compile_cache_lookups(since: dict | None = None) -> dict:
+    """This process's lookups in torch.compile's caches so far, or since `since` (an earlier result):
+    per cache, the graphs found there (hit), compiled afresh (miss) and not cacheable (bypass)."""
+    from torch._dynamo.utils import counters
+
+    now = {name: {k: counters[group][prefix + k] for k in ("hit", "miss", "bypass")}
+           for name, (group, prefix) in COMPILE_CACHES.items()}
+    if since:
+        now = {name: {k: n - since[name][k] for k, n in c.items()} for name, c in now.items()}
+    return now
+
+
 def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
             channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32,
             channels: int = 3) -> float:

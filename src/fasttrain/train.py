@@ -29,8 +29,9 @@ from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
-from fasttrain.engine import (StepLog, Trainable, build_trainable, input_channels, input_dtype,
-                              nondeterministic_ops_recorded, set_deterministic, synchronize, train_step, warm_up)
+from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups, input_channels,
+                              input_dtype, nondeterministic_ops_recorded, set_deterministic, synchronize,
+                              train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, first_conv, separable_max_pools, space_to_depth_first_conv
 from fasttrain.precision import Precision
@@ -223,6 +224,7 @@ class _Run:
     # compile and capture, reported apart from the epochs
     compile_seconds_each: dict = field(default_factory=dict)  # "BATCHxPIXELS": seconds (train.compile)
     capture_seconds: float | None = None  # train.cuda_graphs
+    compile_cache: dict | None = None  # train.compile: the warm-up's cache lookups (engine.compile_cache_lookups)
 
     @property
     def cfg(self) -> config.TrainConfig:
@@ -377,11 +379,17 @@ def _warm_up(run: _Run) -> None:
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
                   input_dtype(run.params, run.precision), input_channels(run.params))
     if cfg.compile:  # one compile per training resolution, at the full batch (Trainable.net_for)
-        n = run.per_rank_batch
+        n, before = run.per_rank_batch, compile_cache_lookups()
         each = {size: warm_up(t, run.precision, [n], size, *shape_args) for size in train_sizes(cfg)}
         run.compile_seconds_each = {f"{n}x{size}": s for size, s in each.items()}
+        run.compile_cache = compile_cache_lookups(since=before)
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        aot = run.compile_cache["aot_autograd"]
         shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for size, s in each.items())
-        run.log(f"{run.variant}: compiled in {sum(each.values()):.1f} s ({shapes})")
+        cached = (f"{aot['hit']} of {sum(aot.values())} graph(s) from the compile cache {cache_dir()}"
+                  if sum(aot.values()) else "compiled before in this process")
+        run.log(f"{run.variant}: compiled in {sum(each.values()):.1f} s ({shapes}); {cached}")
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
         num_classes, channels_last, _, dtype, channels = shape_args
@@ -642,6 +650,13 @@ def _history_csv(history: list[EpochRecord]) -> str:
     return out.getvalue()
 
 
+def _compile_workers() -> int:
+    """The processes inductor compiles kernels in (TORCHINDUCTOR_COMPILE_THREADS; 1: in this one)."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.compile_threads
+
+
 def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
     h, cfg, rt, scaler = run.state.history, run.cfg, run.rt, run.t.scaler
     # the first epoch carries warm-up (cudnn autotune, caches); under progressive resizing the steady
@@ -663,6 +678,8 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
         "compile_seconds": round(sum(run.compile_seconds_each.values()), 3) if run.compile_seconds_each else None,
         "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
+        "compile_cache": run.compile_cache,  # graphs found in torch.compile's caches (hit), or compiled (miss)
+        "compile_workers": _compile_workers() if cfg.compile else None,
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
         "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
         "deterministic": cfg.deterministic,

@@ -5,6 +5,7 @@ import csv
 from types import SimpleNamespace
 
 import pytest
+import torch
 from scratch import TINY
 
 from fasttrain import config, engine, parallel
@@ -63,15 +64,18 @@ def test_without_progressive_epochs_every_epoch_trains_at_img_size():
 
 
 @pytest.mark.slow
-def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
+def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path, monkeypatch):
     """torch.compile (inductor on the CPU, ~1.5 min): the warm-up compiles the full batch's graph at
     both sizes, counted in compile_seconds; epoch 1's evaluation adds the eval-mode graph; and then
     no epoch, not even the first at img_size, compiles anything. 80 images at batch 32: each epoch
     ends on a short batch of 16, which runs the same model eagerly, so it costs no compile and
-    still trains (every epoch counts 80 images)."""
+    still trains (every epoch counts 80 images). With an empty compile cache both graphs are
+    compiled, and the same run again (another folder, another seed) finds both in the cache."""
     from torch._dynamo.utils import counters
 
-    layout = Layout(tmp_path)
+    cache = tmp_path / "compile-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    layout = Layout(tmp_path / "first")
     save_dataset(make_synthetic(80, 10, 32, 0), layout.dataset)
     params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "img_size": 32, "device": "cpu",
                                                  "progressive_epochs": 1, "progressive_size": 20, "compile": True}})
@@ -91,3 +95,17 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path):
     assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1
     # every epoch trained all 80 images: the steady rate times the steady epoch's seconds
     assert metrics["images_per_second"] * metrics["epoch_seconds"] == pytest.approx(80, rel=1e-2)
+    assert metrics["compile_cache"]["aot_autograd"] == {"hit": 0, "miss": 2, "bypass": 0}
+    assert metrics["compile_cache"]["inductor"]["hit"] == 0 and metrics["compile_cache"]["inductor"]["miss"] > 0
+    assert metrics["compile_workers"] >= 1
+    assert any(m.endswith(f"; 0 of 2 graph(s) from the compile cache {cache}") for m in graphs), list(graphs)
+
+    again = Layout(tmp_path / "again")
+    save_dataset(make_synthetic(80, 10, 32, 0), again.dataset)
+    seeded = config.from_dict({**config.to_dict(params), "train": {**config.to_dict(params)["train"], "seed": 1}})
+    graphs.clear()
+    torch._dynamo.reset()  # as a new process starts: dynamo's in-memory code gone, only the caches on disk
+    cached = train(seeded, PRECISIONS["fp32"], parallel.setup("single", "cpu"), again, log=log)
+    assert cached["compile_cache"]["aot_autograd"] == {"hit": 2, "miss": 0, "bypass": 0}
+    assert cached["compile_cache"]["inductor"]["miss"] == 0
+    assert any(m.endswith(f"; 2 of 2 graph(s) from the compile cache {cache}") for m in graphs), list(graphs)

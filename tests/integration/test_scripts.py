@@ -135,6 +135,8 @@ def test_fast_summary_tables_accuracy_the_switch_and_collapses(tmp_path):
     wall = fast_summary(tmp_path, "--configs", "a=1 b=2", "--wall").stdout.splitlines()
     assert wall[-1] == "4 run(s) recorded no seconds by phase (fast.jsonl rows from before fast.sh kept them)"
     timed = dict(rows[0], train_wall_seconds=50.0, evaluate_wall_seconds=10.0, checkpoints_written=1,
+                 compile_cache={"aot_autograd": {"hit": 1, "miss": 1, "bypass": 0},
+                                "inductor": {"hit": 2, "miss": 2, "bypass": 0}},
                  train_process_seconds={"start_up": 9.0, "runtime": 2.5, "prepare": 1.0, "warm_up": 12.0,
                                         "train": 13.0, "eval": 3.0, "checkpoints": 1.5, "final_model": 0.5,
                                         "other": 0.5, "total": 43.0},
@@ -145,7 +147,7 @@ def test_fast_summary_tables_accuracy_the_switch_and_collapses(tmp_path):
     assert wall[0].startswith("| seed | train wall | train: start_up |") and len(wall) == 3
     # 50 - 43 = 7.00 after the train metrics, 10 - 9.5 = 0.50 after the evaluation's
     assert wall[2] == ("| 0 | 50.00 | 9.00 | 2.50 | 1.00 | 12.00 | 13.00 | 3.00 | 1.50 | 0.50 | 0.50 | 7.00 | 1 "
-                       "| 10.00 | 6.00 | 2.00 | 0.50 | 0.75 | 0.25 | 0.50 |")
+                       "| 1/2 | 10.00 | 6.00 | 2.00 | 0.50 | 0.75 | 0.25 | 0.50 |")
 
 
 @pytest.mark.slow
