@@ -59,6 +59,13 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300, what: str 
         time.sleep(0.01)
 
 
+def sigint_as_a_terminal_gives_it() -> None:
+    """For a process the test then Ctrl-C's: SIGINT at its default. A process started in the background
+    by a non-interactive shell (a CI runner's `cmd &`) has SIGINT ignored, every process under it
+    inherits that across exec, and a dvc or fasttrain started so would ignore the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def final_model(repo: Path, variant: str) -> dict:
     return torch.load(repo / "models" / f"{variant}.pt", weights_only=True)["model"]
 
@@ -392,11 +399,9 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     with epoch_gate() as (gate_env, server):
         gated = {**env(), **gate_env}
         # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
-        # SIGINT at its default, as a terminal gives it: a process that starts with it ignored keeps it
-        # ignored (an earlier test's in-process dvc can leave pytest so, and children inherit it)
         proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=sigint_as_a_terminal_gives_it)
         conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
         with conn:
             assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
@@ -422,7 +427,7 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
         gated = {**env(), **gate_env}
         proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo,
                                 env=gated, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=sigint_as_a_terminal_gives_it)
         conn, _ = server.accept()
         with conn:
             assert conn.makefile().readline() == "ddp-fp32\n" and ckpt.exists()
