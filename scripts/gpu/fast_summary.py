@@ -115,15 +115,17 @@ def _from_cache(lookups: dict | None) -> str:
 
 def wall_table(runs: list[dict]) -> list[str]:
     """Seconds by phase of each run's train and evaluate commands (rows of fast.jsonl that record them)."""
-    head = (["seed", "train wall"] + [f"train: {p}" for p in TRAIN_PHASES] + ["train: after", "checkpoints written",
-            "graphs from the compile cache", "evaluate wall"] + [f"evaluate: {p}" for p in EVALUATE_PHASES] + ["evaluate: after"])
+    head = (["seed", "train wall"] + [f"train: {p}" for p in TRAIN_PHASES]
+            + ["train: after", "checkpoints written", "graphs from the compile cache", "evaluate wall"]
+            + [f"evaluate: {p}" for p in EVALUATE_PHASES] + ["evaluate: after"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     timed = [r for r in runs if r.get("train_process_seconds") and r.get("evaluate_process_seconds")]
     for r in sorted(timed, key=lambda r: (r["config"], r["seed"])):
         t, e = r["train_process_seconds"], r["evaluate_process_seconds"]
         cells = ([str(r["seed"]), f"{r['train_wall_seconds']:.2f}"] + [f"{t.get(p, 0.0):.2f}" for p in TRAIN_PHASES]
                  + [f"{r['train_wall_seconds'] - t['total']:.2f}", str(r.get("checkpoints_written", "")),
-                    _from_cache(r.get("compile_cache")), f"{r['evaluate_wall_seconds']:.2f}"] + [f"{e.get(p, 0.0):.2f}" for p in EVALUATE_PHASES]
+                    _from_cache(r.get("compile_cache")), f"{r['evaluate_wall_seconds']:.2f}"]
+                 + [f"{e.get(p, 0.0):.2f}" for p in EVALUATE_PHASES]
                  + [f"{r['evaluate_wall_seconds'] - e['total']:.2f}"])
         lines.append("| " + " | ".join(cells) + " |")
     if len(timed) < len(runs):

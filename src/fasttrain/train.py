@@ -260,7 +260,8 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                 if whole:
                     _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
                 # none after the last epoch: the final model is written next, and a finished run is never resumed
-                if run.state.epoch < run.cfg.epochs and (stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0):
+                due = stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0
+                if due and run.state.epoch < run.cfg.epochs:
                     with clock.phase("checkpoints"):
                         _save_checkpoint(run, None if whole else (steps, seconds))
                 if whole and rt.is_main:
