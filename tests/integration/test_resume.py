@@ -397,7 +397,10 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
     ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
     with epoch_gate() as (gate_env, server):
-        gated = {**env(), **gate_env}
+        # dvc runs the stage's command with `$SHELL -c`. bash execs a lone command, so the stage's exit
+        # status is fasttrain's own; dash (/bin/sh where SHELL is unset) stays in between, gets the
+        # SIGINT too and dies of it, and the stage reads "exited with -2" whatever fasttrain did.
+        gated = {**env(), **gate_env, "SHELL": shutil.which("bash")}
         # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
         proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
