@@ -51,7 +51,7 @@ one() {  # one run: config number $1, config $2, seed $3; its log is printed in 
     FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16
     t2=$(date +%s.%N)
     python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n $t0 $t1 $t2 <<'PY'
-import json, sys
+import datetime, json, sys
 t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
@@ -60,6 +60,7 @@ row["jobs"] = int(sys.argv[3])  # runs sharing the GPU: above 1, the seconds are
 row["config"] = int(sys.argv[4])  # its number: the N of its curve, epochs-N-SEED.csv
 t0, t1, t2 = map(float, sys.argv[5:8])  # each command's wall time, start-up and compile included
 row["train_wall_seconds"], row["evaluate_wall_seconds"] = round(t1 - t0, 2), round(t2 - t1, 2)
+row["started_at"] = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds")  # UTC
 for k in ("eval_seconds", "capture_seconds", "first_epoch_seconds", "compile_seconds_each", "checkpoints_written",
           "compile_cache", "compile_workers"):
     row[k] = t.get(k)

@@ -1,6 +1,7 @@
 """The GPU harness (scripts/gpu/): its scripts run where no test can watch them, so their contract
 is checked here on the CPU. Deselected by `make test`; `make test-harness` runs them."""
 
+import datetime
 import io
 import json
 import os
@@ -180,6 +181,7 @@ def test_fast_sh_sweeps_configurations_two_runs_at_a_time(tmp_path):
         assert r["train_process_seconds"]["total"] <= r["train_wall_seconds"] + 0.01
         assert r["evaluate_process_seconds"]["total"] <= r["evaluate_wall_seconds"] + 0.01
         assert r["checkpoints_written"] == 0  # the recipe's checkpoint_every 100 over 2 epochs; none after the last
+        assert abs(datetime.datetime.fromisoformat(r["started_at"]).timestamp() - time.time()) < 600  # this test's run
 
     table = fast_summary(tmp_path / "out")
     assert table.returncode == 0, table.stderr
