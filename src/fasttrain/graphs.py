@@ -66,6 +66,8 @@ class GraphedStep:
         # warm-up and capture share it (cuBLAS handles are per stream), and DDP was built on it
         self.stream = parallel.capture_stream(rt.device)
         self.graphs: dict[tuple, _Graph] = {}
+        # "BATCHxPIXELS": the seconds of its eager warm-up steps (cuDNN's autotuning of a new shape) and of its capture
+        self.seconds_each: dict[str, dict[str, float]] = {}
 
     def capture(self, shapes: list[tuple[int, int]], num_classes: int, channels_last: bool,
                 dtype: torch.dtype, channels: int) -> float:
@@ -76,17 +78,22 @@ class GraphedStep:
         torch.cuda.synchronize(self.rt.device)
         start = time.perf_counter()
         for n, size in dict.fromkeys(s for s in shapes if s[0] > 0):
+            began = time.perf_counter()
             x, y = random_batch(n, size, num_classes, self.rt.device, dtype, channels_last, channels)
             self.stream.wait_stream(torch.cuda.current_stream(self.rt.device))
             with torch.cuda.stream(self.stream):
                 for _ in range(warmup):
                     train_step(self.t, self.precision, x, y)
             torch.cuda.current_stream(self.rt.device).wait_stream(self.stream)
+            torch.cuda.synchronize(self.rt.device)
+            warmed = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 loss, grad_norm = train_step(self.t, self.precision, x, y)
             self.graphs[tuple(x.shape)] = _Graph(graph, x, y, loss, grad_norm)
-        torch.cuda.synchronize(self.rt.device)
+            torch.cuda.synchronize(self.rt.device)
+            self.seconds_each[f"{n}x{size}"] = {"warm_up_steps": round(warmed - began, 3),
+                                                 "capture": round(time.perf_counter() - warmed, 3)}
         seconds = time.perf_counter() - start
         _restore(self.t, saved)
         return seconds

@@ -683,6 +683,7 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "compile_workers": _compile_workers() if cfg.compile else None,
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
         "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
+        "capture_seconds_each": run.step.seconds_each if isinstance(run.step, graphs.GraphedStep) else None,
         "deterministic": cfg.deterministic,
         "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
         "final_train_loss": round(h[-1].train_loss, 6),

@@ -50,7 +50,8 @@ def test_a_cpu_run_goes_eager_and_records_why_only_when_graphs_were_asked_for(ti
     proc = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
     metrics = json.loads((tiny_repo / "metrics" / "train" / "single-fp32.json").read_text())
     reason = "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
-    assert metrics["cuda_graphs"] is False and metrics["capture_seconds"] is None
+    assert metrics["cuda_graphs"] is False
+    assert metrics["capture_seconds"] is None and metrics["capture_seconds_each"] is None
     assert (reason in metrics["warnings"]) is cuda_graphs
     assert (reason in proc.stderr.splitlines()) is cuda_graphs
 
@@ -219,6 +220,11 @@ def test_a_graphed_run_with_two_resolutions_and_a_short_batch_trains_as_the_eage
         losses[cuda_graphs] = [float(row["train_loss"]) for row in rows]
         lrs[cuda_graphs] = [row["lr"] for row in rows]
     assert metrics[True]["cuda_graphs"] is True and metrics[True]["capture_seconds"] > 0
+    each = metrics[True]["capture_seconds_each"]  # both resolutions, the full batch of 32 and the short one of 4
+    assert sorted(each) == ["32x224", "32x227", "4x224", "4x227"], each
+    assert all(s["warm_up_steps"] > 0 and s["capture"] > 0 for s in each.values()), each
+    assert sum(s["warm_up_steps"] + s["capture"] for s in each.values()) <= metrics[True]["capture_seconds"] + 0.01
+    assert metrics[False]["capture_seconds_each"] is None
     assert metrics[False]["cuda_graphs"] is False
     assert len(losses[True]) == 3 and losses[True] == pytest.approx(losses[False], rel=1e-3), losses
     assert lrs[True] == lrs[False], (lrs, losses)
