@@ -74,17 +74,17 @@ def run() -> None:
     """The console script and `python -m fasttrain`: main(), then the process ends without tearing the
     interpreter down. Once a command has written its outputs that teardown only frees memory the kernel
     frees anyway, and with torch, CUDA and a compiled model loaded it takes seconds (`after` in
-    `scripts/gpu/fast_summary.py --wall`). What a normal exit does first is done here too: the other
-    threads joined, the atexit handlers run (inductor's compile workers, logging), stdout and stderr
-    flushed. An exception main() does not catch (a bug) ends as usual, with its traceback."""
+    `scripts/gpu/fast_summary.py --wall`). What a normal exit does first is done here too, in its
+    order: the threading module's exit hooks (they tell thread pools' idle workers, such as inductor's
+    compile threads, to end), the other threads joined, the atexit handlers run (inductor's compile
+    processes, logging), stdout and stderr flushed. An exception main() does not catch (a bug) ends
+    as usual, with its traceback."""
     try:
         main()
         status = 0
     except SystemExit as e:
         status = _exit_status(e.code)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # the interpreter's own first step of an exit: hooks, then non-daemon threads joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):  # last: the handlers may print too
         try:

@@ -2,10 +2,14 @@
 `img_size`, and test accuracy is measured at `img_size` throughout."""
 
 import csv
+import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from scratch import TINY
 
 from fasttrain import config, engine, parallel
@@ -65,47 +69,52 @@ def test_without_progressive_epochs_every_epoch_trains_at_img_size():
 
 @pytest.mark.slow
 def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path, monkeypatch):
-    """torch.compile (inductor on the CPU, ~1.5 min): the warm-up compiles the full batch's graph at
-    both sizes, counted in compile_seconds; epoch 1's evaluation adds the eval-mode graph; and then
-    no epoch, not even the first at img_size, compiles anything. 80 images at batch 32: each epoch
-    ends on a short batch of 16, which runs the same model eagerly, so it costs no compile and
-    still trains (every epoch counts 80 images). With an empty compile cache both graphs are
-    compiled, and the same run again (another folder, another seed) finds both in the cache."""
+    """torch.compile (inductor on the CPU, ~1.5 min). The first run is a real `fasttrain train` process
+    with an empty compile cache: the warm-up compiles the full batch's graph at both sizes, counted
+    in compile_seconds, and the process ends once its outputs are written (a cold compile leaves
+    inductor's idle compile threads behind, which the exit must tell to end). 80 images at batch
+    32: each epoch ends on a short batch of 16, which runs the same model eagerly, so it costs no
+    compile and still trains (every epoch counts 80 images). The same run again, in this process,
+    another folder and another seed, finds both graphs in the cache; there epoch 1's evaluation adds
+    the eval-mode graph and then no epoch, not even the first at img_size, compiles anything."""
     from torch._dynamo.utils import counters
 
     cache = tmp_path / "compile-cache"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    layout = Layout(tmp_path / "first")
-    save_dataset(make_synthetic(80, 10, 32, 0), layout.dataset)
     params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "img_size": 32, "device": "cpu",
                                                  "progressive_epochs": 1, "progressive_size": 20, "compile": True}})
-    graphs = {}
-
-    def log(msg):
-        graphs[msg.split("  ")[0]] = counters["stats"]["unique_graphs"]
-
-    before = counters["stats"]["unique_graphs"]
-    metrics = train(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), layout, log=log)
+    first = tmp_path / "first"
+    save_dataset(make_synthetic(80, 10, 32, 0), Layout(first).dataset)
+    (first / "params.yaml").write_text(yaml.safe_dump(config.to_dict(params)))
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", "--parallel", "single", "--precision", "fp32"],
+                          cwd=first, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((first / "metrics" / "train" / "single-fp32.json").read_text())
     assert metrics["compile_seconds"] > 0
     each = metrics["compile_seconds_each"]  # batch x pixels: the full batch at each size, not the short one
     assert set(each) == {"32x20", "32x32"} and sum(each.values()) == pytest.approx(metrics["compile_seconds"], abs=0.01)
-    compiled = next(n for msg, n in graphs.items() if msg.startswith("single-fp32: compiled in ")) - before
-    assert compiled == 2  # one training graph per size
-    after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]
-    assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1
     # every epoch trained all 80 images: the steady rate times the steady epoch's seconds
     assert metrics["images_per_second"] * metrics["epoch_seconds"] == pytest.approx(80, rel=1e-2)
     assert metrics["compile_cache"]["aot_autograd"] == {"hit": 0, "miss": 2, "bypass": 0}
     assert metrics["compile_cache"]["inductor"]["hit"] == 0 and metrics["compile_cache"]["inductor"]["miss"] > 0
     assert metrics["compile_workers"] >= 1
-    assert any(m.endswith(f"; 0 of 2 graph(s) from the compile cache {cache}") for m in graphs), list(graphs)
+    assert f"; 0 of 2 graph(s) from the compile cache {cache}\n" in proc.stderr
 
     again = Layout(tmp_path / "again")
     save_dataset(make_synthetic(80, 10, 32, 0), again.dataset)
     seeded = config.from_dict({**config.to_dict(params), "train": {**config.to_dict(params)["train"], "seed": 1}})
-    graphs.clear()
-    torch._dynamo.reset()  # as a new process starts: dynamo's in-memory code gone, only the caches on disk
+    graphs = {}
+
+    def log(msg):
+        graphs[msg.split("  ")[0]] = counters["stats"]["unique_graphs"]
+
+    torch._dynamo.reset()  # as a new process: no code dynamo compiled earlier in this one, only the caches on disk
+    before = counters["stats"]["unique_graphs"]
     cached = train(seeded, PRECISIONS["fp32"], parallel.setup("single", "cpu"), again, log=log)
     assert cached["compile_cache"]["aot_autograd"] == {"hit": 2, "miss": 0, "bypass": 0}
     assert cached["compile_cache"]["inductor"]["miss"] == 0
     assert any(m.endswith(f"; 2 of 2 graph(s) from the compile cache {cache}") for m in graphs), list(graphs)
+    compiled = next(n for msg, n in graphs.items() if msg.startswith("single-fp32: compiled in ")) - before
+    assert compiled == 2  # one training graph per size
+    after_epoch_1 = graphs["single-fp32: epoch 1/3 at 20 px"]
+    assert graphs["single-fp32: epoch 2/3 at 32 px"] == graphs["single-fp32: epoch 3/3 at 32 px"] == after_epoch_1

@@ -1,6 +1,7 @@
 """The `fasttrain` process's own exit (cli.run): the exit status and everything a normal exit does
 before the interpreter's teardown, which run() skips. Each case is a real `python -m fasttrain`-like
-process, with an atexit handler and an object that reports its finalisation."""
+process, with an atexit handler, an object that reports its finalisation, a thread still at work and an
+idle thread pool."""
 
 import os
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 SCRIPT = """
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from fasttrain import cli
 
 class Finalised:
@@ -20,6 +21,8 @@ keep = Finalised()  # a module global: only the interpreter's teardown collects 
 atexit.register(lambda: print("atexit ran"))
 print("buffered before the command", end="")  # no newline, no flush: still in stdout's buffer
 threading.Thread(target=lambda: (time.sleep(0.5), print(" / a thread's last words"))).start()
+pool = concurrent.futures.ThreadPoolExecutor(2)  # never shut down, as inductor's compile threads:
+pool.submit(time.sleep, 0.1).result()            # its idle worker waits for work until the exit says to end
 sys.argv = ["fasttrain", *sys.argv[1:]]
 cli.{entry}()
 """
@@ -28,7 +31,7 @@ cli.{entry}()
 def _fasttrain(entry: str, *argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout a pipe: block-buffered
     return subprocess.run([sys.executable, "-c", SCRIPT.format(entry=entry), *argv], capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=60, env=env)  # a thread left waiting hangs the exit
 
 
 @pytest.mark.parametrize("argv, status, stderr", [
@@ -36,8 +39,9 @@ def _fasttrain(entry: str, *argv: str) -> subprocess.CompletedProcess:
     (["train", "--parallel", "tpu", "--precision", "fp32"], 2, "fasttrain: error: Invalid value for '--parallel'"),
 ])
 def test_run_exits_with_mains_status_after_what_a_normal_exit_does_first(argv, status, stderr):
-    """The status is main's; the other threads finish, buffered output is written, atexit handlers
-    run; the teardown that follows a normal exit (a global's finaliser) does not."""
+    """The status is main's; the other threads finish, an idle pool's workers are told to end (else the
+    exit waits for them forever), buffered output is written, atexit handlers run; the teardown that
+    follows a normal exit (a global's finaliser) does not."""
     proc = _fasttrain("run", *argv)
     assert proc.returncode == status, proc.stderr
     assert proc.stdout.startswith("buffered before the command") and " / a thread's last words\n" in proc.stdout
