@@ -2,26 +2,96 @@
 or print the overlay as `dvc exp run` flags: `python scripts/overlay.py --dvc-flags OVERLAY`.
 
 Used by `make demo` and `make fast` and the GPU scripts, so that the repository's params.yaml is never
-edited in place. Extra `section.key=value` arguments override single keys (values parsed as YAML).
+edited in place. The overlay updates BASE section by section, key by key; extra `section.key=value`
+arguments then override single keys (values parsed as YAML). OUT is written whole or not at all.
+Bad input is one line on stderr and exit status 2, with OUT untouched.
 """
 
+import os
 import sys
+import tempfile
 
 import yaml
 
-if sys.argv[1] == "--dvc-flags":
-    overlay = yaml.safe_load(open(sys.argv[2])) or {}
-    print(" ".join(f"-S {section}.{key}={value}" for section, values in overlay.items()
-                   for key, value in values.items()))
-    sys.exit(0)
+USAGE = ("usage: overlay.py BASE OVERLAY OUT [section.key=value ...]\n"
+         "       overlay.py --dvc-flags OVERLAY")
 
-base, overlay, out, *sets = sys.argv[1:]
-params = yaml.safe_load(open(base))
-for section, values in (yaml.safe_load(open(overlay)) or {}).items():
-    params[section].update(values)
-for item in sets:
-    key, value = item.split("=", 1)
-    section, name = key.split(".", 1)
-    params[section][name] = yaml.safe_load(value)
-with open(out, "w") as f:
-    yaml.safe_dump(params, f, sort_keys=False)
+
+class BadInput(Exception):
+    pass
+
+
+def read_sections(path: str) -> dict:
+    """A params file: sections of keys (an empty file, such as /dev/null, has none)."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise BadInput(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path} is not YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise BadInput(f"{path} is not sections of keys (section: {{key: value}}), as params.yaml is")
+    return data
+
+
+def override(item: str) -> tuple[str, str, object]:
+    key, eq, value = item.partition("=")
+    section, dot, name = key.partition(".")
+    if not (eq and dot and section and name):
+        raise BadInput(f"bad override '{item}': use section.key=value, e.g. train.seed=1")
+    try:
+        return section, name, yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise BadInput(f"bad override '{item}': its value is not YAML") from None
+
+
+def laid_over(base: dict, base_path: str, layers: list[tuple[str, str, object]]) -> dict:
+    for section, name, value in layers:
+        if section not in base:
+            raise BadInput(f"no section '{section}' in {base_path} (its sections: {', '.join(base)})")
+        base[section][name] = value
+    return base
+
+
+def write_whole(path: str, params: dict) -> None:
+    """A temporary file in OUT's folder, renamed over OUT: a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:
+        raise BadInput(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(params, f, sort_keys=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise BadInput(f"cannot write {path}: {e.strerror}") from None
+
+
+def main(argv: list[str]) -> None:
+    if argv in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__.strip()}")
+        return
+    if argv[:1] == ["--dvc-flags"] and len(argv) == 2:
+        overlay = read_sections(argv[1])
+        print(" ".join(f"-S {section}.{key}={value}" for section, values in overlay.items()
+                       for key, value in values.items()))
+        return
+    if len(argv) < 3 or any(a.startswith("-") for a in argv[:3]):
+        raise BadInput(USAGE.replace("\n", " |"))
+    base_path, overlay_path, out, *sets = argv
+    base = read_sections(base_path)
+    layers = [(s, k, v) for s, values in read_sections(overlay_path).items() for k, v in values.items()]
+    write_whole(out, laid_over(base, base_path, layers + [override(item) for item in sets]))
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except BadInput as e:
+        print(f"overlay.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
