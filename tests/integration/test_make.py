@@ -46,3 +46,37 @@ def test_every_command_make_runs_keeps_the_compile_cache_in_the_repository(tiny_
     moved = run(show, tiny_repo, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "elsewhere")})
     assert moved.stdout.strip() == str(tmp_path / "elsewhere")  # a user's own setting stands
     assert run(["git", "check-ignore", "-q", ".cache/torchinductor/x"], tiny_repo, check=False).returncode == 0
+
+
+def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alone(tiny_repo):
+    """`make fast` lays recipes/fast.yaml over params.yaml as `dvc exp run -S` flags: the experiment
+    trains and evaluates single-bf16 with the recipe's values, params.yaml and the workspace's outputs
+    stay as they were, and the table shows the headline figures. Here the recipe is a CPU-sized one
+    with the real recipe's shape; its keys are what the real one is made of (tests/unit/test_config.py
+    checks the real recipe's values)."""
+    (tiny_repo / "recipes" / "fast.yaml").write_text(
+        "data:\n  augment: true\ntrain:\n  epochs: 2\n  seed: 7\n  scheduler: onecycle\n  cycle_momentum: false\n"
+        "  cuda_graphs: true\n  checkpoint_every: 100\nevaluate:\n  flip_tta: true\n")
+    params, status = (tiny_repo / "params.yaml").read_bytes(), run(["git", "status", "--porcelain"], tiny_repo).stdout
+    out = make(tiny_repo, "fast").stdout
+    assert stages_run(out) == ["download", "evaluate@single-bf16", "train@single-bf16"], out
+    assert (tiny_repo / "params.yaml").read_bytes() == params
+    assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status  # dvc.lock, outputs: all as they were
+    assert not (tiny_repo / "models" / "single-bf16.pt").exists()  # a temporary workspace's
+    table = [line.split() for line in out.splitlines()]
+    header = next(row for row in table if row[:2] == ["Experiment", "Created"])
+    assert header[2:] == ["train_seconds", "metrics/train/single-bf16.json:process_seconds.total", "images_per_second",
+                          "test_accuracy", "train.epochs", "train.seed"], header  # compile_seconds: none, compile off
+    exp = next(row for row in table if len(row) > 2 and row[0] in ("└──", "├──"))
+    figures = dict(zip(header[2:], exp[-6:]))
+    assert (figures["train.epochs"], figures["train.seed"]) == ("2", "7")
+    assert 0 <= float(figures["test_accuracy"]) <= 1 and float(figures["images_per_second"]) > 0
+    assert 0 < float(figures["train_seconds"]) < float(figures["metrics/train/single-bf16.json:process_seconds.total"])
+
+
+def test_make_fast_with_a_broken_recipe_stops_before_any_experiment(tiny_repo):
+    (tiny_repo / "recipes" / "fast.yaml").write_text("train: {epochs: 2\n")
+    proc = run(["make", "-o", ".venv/.installed", "fast"], tiny_repo, check=False)
+    assert proc.returncode != 0 and "Running stage" not in proc.stdout, proc.stdout
+    assert "overlay.py: error: recipes/fast.yaml is not YAML: " in proc.stderr, proc.stderr
+    assert run(["dvc", "exp", "list", "--all-commits"], tiny_repo).stdout.strip() == ""
