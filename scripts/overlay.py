@@ -1,17 +1,21 @@
 """Write params.yaml with an overlay laid over it: `python scripts/overlay.py BASE OVERLAY OUT [k=v ...]`,
 or print the overlay as `dvc exp run` flags: `python scripts/overlay.py --dvc-flags OVERLAY`.
 
-Used by `make demo` and `make fast` and the GPU scripts, so that the repository's params.yaml is never
-edited in place. The overlay updates BASE section by section, key by key; extra `section.key=value`
-arguments then override single keys (values parsed as YAML). OUT is written whole or not at all.
-Bad input is one line on stderr and exit status 2, with OUT untouched.
+Used by `make demo` and `make fast` and the GPU scripts (all with fasttrain installed or on
+PYTHONPATH), so that the repository's params.yaml is never edited in place. The overlay updates BASE
+section by section, key by key; extra `section.key=value` arguments then override single keys
+(values parsed as YAML). OUT is written whole or not at all. Bad input is one line on stderr and
+exit status 2, with OUT untouched.
 """
 
 import os
 import sys
-import tempfile
+from pathlib import Path
 
 import yaml
+
+from fasttrain.atomic import atomic_write_text
+from fasttrain.errors import FasttrainError
 
 USAGE = ("usage: overlay.py BASE OVERLAY OUT [section.key=value ...]\n"
          "       overlay.py --dvc-flags OVERLAY")
@@ -57,19 +61,13 @@ def laid_over(base: dict, base_path: str, layers: list[tuple[str, str, object]])
 
 
 def write_whole(path: str, params: dict) -> None:
-    """A temporary file in OUT's folder, renamed over OUT: a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """fasttrain's atomic write (a reader never sees half a file); OUT's folder must exist."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise BadInput(f"cannot write {path}: No such file or directory")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    except OSError as e:
-        raise BadInput(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(params, f, sort_keys=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise BadInput(f"cannot write {path}: {e.strerror}") from None
+        atomic_write_text(Path(path), yaml.safe_dump(params, sort_keys=False), "the params")
+    except FasttrainError as e:  # a full disk or a refused permission, already one line
+        raise BadInput(str(e)) from None
 
 
 def main(argv: list[str]) -> None:

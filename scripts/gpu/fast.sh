@@ -61,8 +61,8 @@ row["config"] = int(sys.argv[4])  # its number: the N of its curve, epochs-N-SEE
 t0, t1, t2 = map(float, sys.argv[5:8])  # each command's wall time, start-up and compile included
 row["train_wall_seconds"], row["evaluate_wall_seconds"] = round(t1 - t0, 2), round(t2 - t1, 2)
 row["started_at"] = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds")  # UTC
-for k in ("eval_seconds", "capture_seconds", "capture_seconds_each", "first_epoch_seconds", "compile_seconds_each", "checkpoints_written",
-          "compile_cache", "compile_workers"):
+for k in ("eval_seconds", "capture_seconds", "capture_seconds_each", "first_epoch_seconds", "compile_seconds_each",
+          "checkpoints_written", "compile_cache", "compile_workers"):
     row[k] = t.get(k)
 row["train_process_seconds"], row["evaluate_process_seconds"] = t["process_seconds"], e["process_seconds"]  # by phase
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
@@ -76,7 +77,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "a
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=_TEMPORARY_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
@@ -92,6 +93,19 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+_TEMPORARY_SUFFIX = ".tmp"
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def remove_temporaries(path: Path) -> None:
+    """What writes of `path` killed mid-way (SIGKILL, power cut) left: its `.<name>.*.tmp` siblings."""
+    for stale in path.parent.glob(f"{glob.escape(_temporary_prefix(path))}*{_TEMPORARY_SUFFIX}"):
+        stale.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: Path, data: bytes, what: str = "a file") -> None:

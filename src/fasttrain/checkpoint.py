@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import glob
 import pickle
 from pathlib import Path
 
 import torch
 
-from fasttrain.atomic import atomic_write, disk_errors
+from fasttrain.atomic import atomic_write, disk_errors, remove_temporaries
 from fasttrain.errors import FasttrainError
 
 
@@ -19,7 +18,7 @@ def save(obj, path: Path, what: str = "a training checkpoint") -> None:
     disk or a refused permission is a one-line DiskError naming `what`."""
     path = Path(path)
     with disk_errors(path, what):
-        _remove_temporaries(path)
+        remove_temporaries(path)
     atomic_write(path, lambda f: torch.save(obj, f), what)  # streamed: no in-memory copy of the whole file
 
 
@@ -27,14 +26,8 @@ def remove(path: Path, what: str = "a finished run's checkpoint") -> None:
     """The checkpoint at `path`, if any, and any temporary file an interrupted save of it left."""
     path = Path(path)
     with disk_errors(path, what, verb="remove"):
-        _remove_temporaries(path)
+        remove_temporaries(path)
         path.unlink(missing_ok=True)
-
-
-def _remove_temporaries(path: Path) -> None:
-    """What an interrupted save of `path` left: its `.<name>.*.tmp` siblings (atomic.atomic_write's)."""
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        stale.unlink(missing_ok=True)
 
 
 def load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
