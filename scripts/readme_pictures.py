@@ -24,6 +24,9 @@ from pathlib import Path
 
 import yaml
 
+from fasttrain import atomic
+from fasttrain.atomic import DiskError
+
 
 class Fail(Exception):
     """A one-line reason to stop."""
@@ -108,18 +111,6 @@ def file_name(plot_id: str) -> str:
     return re.sub(r"[^\w-]+", "_", plot_id).strip("_") + ".png"
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workspace", type=Path, help="a folder where `dvc repro` has run, e.g. .demo")
@@ -140,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         args.outdir.mkdir(parents=True, exist_ok=True)
         for name, png in pictures.items():
             path = args.outdir / file_name(name)
-            write_atomically(path, png)
+            atomic.atomic_write_bytes(path, png, "a picture")  # the old picture or the new one, whole
             print(path)
-    except Fail as e:
+    except (Fail, DiskError) as e:
         print(f"readme_pictures: error: {e}", file=sys.stderr)
         return 1
     return 0

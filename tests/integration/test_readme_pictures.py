@@ -88,3 +88,30 @@ def test_partial_draws_a_stopped_runs_curves_and_names_what_is_missing(tiny_repo
     png_size((out / "test_accuracy_by_epoch.png").read_bytes())
     spec = load_script().vega_lite_specs(tiny_repo, ["test_accuracy_by_epoch"], partial=True)
     assert variants_in(spec["test_accuracy_by_epoch"], "filename") == set(made)
+
+
+def test_a_full_disk_is_one_line_and_the_old_picture_stays_whole(tiny_repo, tmp_path, monkeypatch, capsys):
+    """The picture goes through fasttrain's atomic write: a disk that fills while it is written leaves
+    the picture drawn before, no temporary file, and one line naming the file and the free space."""
+    import errno
+    import os
+
+    from fasttrain import atomic
+
+    fabricate_run(tiny_repo, seed=0)
+    out = tmp_path / "pictures"
+    out.mkdir()
+    old = out / "test_accuracy_by_epoch.png"
+    old.write_bytes(b"the picture drawn before")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    script = load_script()
+    assert script.main([str(tiny_repo), str(out), "--plot", "test_accuracy_by_epoch"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"readme_pictures: error: could not write a picture to {old}: No space left on device")
+    assert err.count("\n") == 1 and "free" in err, err
+    assert old.read_bytes() == b"the picture drawn before"
+    assert sorted(p.name for p in out.iterdir()) == [old.name]  # no temporary file left
