@@ -57,9 +57,12 @@ train-%:  # any other name: say which ones there are
 
 # `make fast`'s table: each experiment's headline figures (`dvc exp show` alone has every column)
 FAST_COLUMNS = Experiment|Created|train_seconds$$|compile_seconds$$|images_per_second$$|test_accuracy$$|.*/train/single-bf16.json:process_seconds.total$$|train\.(seed|epochs)$$
+# Run again with nothing changed, DVC restores the experiment's outputs from its run cache (same inputs,
+# same outputs) and measures nothing. SEED=N sets train.seed: a seed not run before trains and measures.
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
+	$(if $(SEED),$(if $(shell [[ '$(SEED)' =~ ^[0-9]+$$ ]] && echo ok),,$(error SEED=$(SEED) is not a seed: use a whole number >= 0, e.g. make fast SEED=3)))
 	flags=$$(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) && \
-	  dvc exp run --temp $$flags train@single-bf16 evaluate@single-bf16
+	  dvc exp run --temp $$flags $(if $(SEED),-S train.seed=$(SEED)) train@single-bf16 evaluate@single-bf16
 	dvc exp show --drop '.*' --keep '$(FAST_COLUMNS)'
 
 bench: setup  ## loaders vs compute ceiling vs bf16 peak, on the GPU (writes metrics/bench.json)

@@ -73,10 +73,30 @@ def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alo
     assert 0 <= float(figures["test_accuracy"]) <= 1 and float(figures["images_per_second"]) > 0
     assert 0 < float(figures["train_seconds"]) < float(figures["metrics/train/single-bf16.json:process_seconds.total"])
 
+    # the same again: DVC restores both stages from its run cache, so nothing is measured; a new seed measures
+    cached = make(tiny_repo, "fast").stdout
+    assert stages_run(cached) == [], cached
+    assert "Stage 'train@single-bf16' is cached - skipping run" in cached, cached
+    seeded = make(tiny_repo, "fast", "SEED=8").stdout
+    assert stages_run(seeded) == ["evaluate@single-bf16", "train@single-bf16"], seeded  # the data set as it was
+    seeds = sorted(line.split()[-1] for line in seeded.splitlines() if line.lstrip().startswith(("├──", "└──")))
+    assert seeds == ["7", "7", "8"], seeds  # the first experiment, its restored copy, the new seed's
+    assert (tiny_repo / "params.yaml").read_bytes() == params
+    assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status
+
 
 def test_make_fast_with_a_broken_recipe_stops_before_any_experiment(tiny_repo):
     (tiny_repo / "recipes" / "fast.yaml").write_text("train: {epochs: 2\n")
     proc = run(["make", "-o", ".venv/.installed", "fast"], tiny_repo, check=False)
     assert proc.returncode != 0 and "Running stage" not in proc.stdout, proc.stdout
     assert "overlay.py: error: recipes/fast.yaml is not YAML: " in proc.stderr, proc.stderr
+    assert run(["dvc", "exp", "list", "--all-commits"], tiny_repo).stdout.strip() == ""
+
+
+@pytest.mark.parametrize("seed", ["x", "-1", "1.5", "3 -S train.epochs=1"])
+def test_make_fast_with_a_bad_seed_stops_before_any_experiment(tiny_repo, seed):
+    proc = run(["make", "-o", ".venv/.installed", "fast", f"SEED={seed}"], tiny_repo, check=False)
+    assert proc.returncode != 0 and "Running stage" not in proc.stdout, proc.stdout
+    assert f"SEED={seed} is not a seed: use a whole number >= 0, e.g. make fast SEED=3" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
     assert run(["dvc", "exp", "list", "--all-commits"], tiny_repo).stdout.strip() == ""
