@@ -71,6 +71,7 @@ class TrainConfig:
     pad_channels: bool = False  # gpu loader: training batches padded to 8 channels (zeros) for cuDNN
     space_to_depth: bool = False  # the first (strided) convolution computed on space-to-depth input, same function
     separable_max_pool: bool = False  # max pooling as a max over rows, then columns: same function
+    relu_after_pool: bool = False  # each ReLU that feeds a max pool moved after it: same function
     cuda_graphs: bool = True  # replay the whole step from CUDA graphs (GPU; dp and the CPU run eagerly); capture time reported apart
     deterministic: bool = False  # bit-identical weights from the same params on one device (deterministic kernels)
     compile: bool = False  # torch.compile; its time is reported apart

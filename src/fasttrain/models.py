@@ -138,6 +138,25 @@ def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
+def relu_after_pools(model: nn.Module, name: str) -> nn.Module:
+    """Each ReLU that feeds a MaxPool2d in an nn.Sequential (AlexNet's conv -> ReLU -> pool) moved after
+    the pool. The same function, forward and backward: max(relu(x)) = relu(max(x)), and where the
+    window's maximum is positive both give its gradient to the same pixel (ReLU leaves positive values
+    and so the pool's choice alone), where it is not both give none. Neither layer has parameters, so
+    the state dict keeps its keys and loads into the bare model."""
+    moved = 0
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        keys = list(seq._modules)
+        for a, b in zip(keys, keys[1:]):
+            if isinstance(seq._modules[a], nn.ReLU) and isinstance(seq._modules[b], nn.MaxPool2d):
+                seq._modules[a], seq._modules[b] = seq._modules[b], seq._modules[a]
+                moved += 1
+    if not moved:
+        raise FasttrainError(f"train.relu_after_pool: true needs a model whose ReLU feeds a MaxPool2d in an "
+                             f"nn.Sequential, which {name} is not: set it to false")
+    return model
+
+
 @functools.cache
 def min_img_size(name: str, limit: int = 512) -> int:
     """The smallest square input the model accepts, found by forwards on the meta device (free)."""

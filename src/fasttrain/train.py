@@ -33,7 +33,8 @@ from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache
                               input_dtype, nondeterministic_ops_recorded, set_deterministic, synchronize,
                               train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
-from fasttrain.models import build_model, check_img_size, first_conv, separable_max_pools, space_to_depth_first_conv
+from fasttrain.models import (build_model, check_img_size, first_conv, relu_after_pools, separable_max_pools,
+                              space_to_depth_first_conv)
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
@@ -67,6 +68,9 @@ def check_train(params: config.Params, world_size: int) -> None:
     if cfg.separable_max_pool:
         with torch.device("meta"):
             separable_max_pools(build_model(params.model.name, 10), params.model.name)
+    if cfg.relu_after_pool:
+        with torch.device("meta"):
+            relu_after_pools(build_model(params.model.name, 10), params.model.name)
     if cfg.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
@@ -581,7 +585,7 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "space_to_depth", "separable_max_pool", "compile", "progressive_epochs", "progressive_size",
+               "space_to_depth", "separable_max_pool", "relu_after_pool", "compile", "progressive_epochs", "progressive_size",
                "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 

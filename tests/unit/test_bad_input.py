@@ -159,6 +159,10 @@ CASES = {
         TRAIN, "train.space_to_depth: true needs a first convolution with a square kernel, one stride > 1 and plain "
         "zero padding, which vgg11's (kernel (3, 3), stride (1, 1)) is not: set it to false",
         {"model": {"name": "vgg11"}, "train": {"space_to_depth": True}}),
+    "relu after the pools on a model without ReLU into a pool in a Sequential": Case(
+        TRAIN, "train.relu_after_pool: true needs a model whose ReLU feeds a MaxPool2d in an nn.Sequential, which "
+        "resnet18 is not: set it to false",
+        {"model": {"name": "resnet18"}, "train": {"relu_after_pool": True}}),
     "gradient clipping at 0": Case(TRAIN, "train.grad_clip = 0.0 is out of range: must be null (off) or a number > 0",
                                    {"train": {"grad_clip": 0}}),
     "gradient clipping a string": Case(TRAIN, "train.grad_clip must be a number or null, got 'yes'",

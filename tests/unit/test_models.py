@@ -12,6 +12,7 @@ from fasttrain.models import (
     first_conv,
     min_img_size,
     pad_first_conv,
+    relu_after_pools,
     SeparableMaxPool2d,
     SpaceToDepthConv2d,
     separable_max_pools,
@@ -258,4 +259,95 @@ def test_separable_max_pool_refuses_a_model_without_max_pooling_in_one_line():
     with pytest.raises(FasttrainError, match="train.separable_max_pool: true needs a model with MaxPool2d layers "
                                              r"\(that do not return indices\), which toy is not: set it to false") as e:
         separable_max_pools(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AvgPool2d(2)), "toy")
+    assert "\n" not in str(e.value)
+
+
+# --- train.relu_after_pool ------------------------------------------------------------------------
+
+def _alexnet_pair(*transforms, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    plain = build_model("alexnet", 10).to(device, dtype).eval()  # eval: no dropout, so both nets see the same
+    moved = build_model("alexnet", 10)
+    for transform in transforms:
+        moved = transform(moved, "alexnet")
+    moved = moved.to(device, dtype).eval()
+    moved.load_state_dict(plain.state_dict())  # strict: the same keys
+    return plain, moved
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # (conv1's input needs no gradient)
+@pytest.mark.parametrize("separable", [False, True])
+def test_relu_after_the_pools_makes_the_same_alexnet_bit_for_bit(separable):
+    """max(relu(x)) = relu(max(x)), and the gradient goes to the same pixel or to none: the outputs are
+    equal bit for bit, with ties in the pools' windows (inputs rounded to few values, so many windows
+    hold equal maxima, positive and zero). With torch's pools so is each gradient that reaches a
+    convolution; the separable pools' two passes add a pixel's gradients in another order (last-bit
+    differences in float64), and a convolution's backward may sum in another order for another memory
+    layout, so there and for the parameters' gradients: equal to float64's rounding."""
+    transforms = (separable_max_pools, relu_after_pools) if separable else (relu_after_pools,)
+    plain, moved = _alexnet_pair(*transforms, dtype=torch.float64)
+    kinds = [type(m).__name__ for m in moved.features]
+    assert kinds == ["Conv2d", type(moved.features[1]).__name__, "ReLU"] + kinds[3:]
+    assert [i for i, m in enumerate(moved.features) if isinstance(m, torch.nn.MaxPool2d)] == [1, 4, 11]
+    assert [i for i, m in enumerate(plain.features) if isinstance(m, torch.nn.MaxPool2d)] == [2, 5, 12]
+    torch.manual_seed(1)
+    x = (torch.randn(4, 3, 227, 227, dtype=torch.float64) * 2).round() / 2
+    seen = {}  # the gradient reaching each convolution's output
+    for name, net in (("plain", plain), ("moved", moved)):
+        for m in net.modules():
+            if isinstance(m, torch.nn.ReLU):
+                m.inplace = False  # (the same function; a backward hook cannot see past an in-place op)
+        for i in (0, 3, 10):
+            net.features[i].register_full_backward_hook(
+                lambda m, gi, go, key=(name, i): seen.__setitem__(key, go[0].clone()))
+    out, out_moved = plain(x), moved(x)
+    assert torch.equal(out_moved, out)
+    g = torch.randn_like(out)
+    out.backward(g), out_moved.backward(g)
+    for i in (0, 3, 10):
+        if separable:
+            torch.testing.assert_close(seen["moved", i], seen["plain", i], rtol=1e-12, atol=1e-15, msg=str(i))
+        else:
+            assert torch.equal(seen["moved", i], seen["plain", i]), i
+        assert (seen["plain", i] == 0).float().mean() > 0.5, i  # most of it is zero: ReLU and the pools' choices
+    for (key, p), q in zip(plain.named_parameters(), moved.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=key)
+
+
+def test_relu_after_the_pools_loads_into_a_bare_torchvision_alexnet():
+    _, moved = _alexnet_pair(relu_after_pools)
+    bare = torchvision.models.alexnet(num_classes=10)
+    bare.load_state_dict(moved.state_dict())  # strict
+    x = torch.rand(2, 3, 227, 227)
+    torch.testing.assert_close(moved(x), bare.eval()(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_relu_after_the_pools_on_the_gpu_in_bf16():
+    """bf16 autocast, channels_last, the recipe's separable pools, deterministic cuDNN: the outputs
+    equal bit for bit; the parameters' gradients agree within bf16's rounding (a convolution's backward
+    may pick another algorithm for another layout of the same gradient)."""
+    plain, moved = _alexnet_pair(separable_max_pools, dtype=torch.float32, device="cuda")
+    moved = relu_after_pools(moved, "alexnet")
+    plain, moved = (m.to(memory_format=torch.channels_last) for m in (plain, moved))
+    torch.manual_seed(1)
+    x = torch.randn(32, 3, 227, 227, device="cuda").contiguous(memory_format=torch.channels_last)
+    torch.backends.cudnn.deterministic, benchmark = True, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, out_moved = plain(x), moved(x)
+        assert torch.equal(out_moved, out)
+        g = torch.randn_like(out)
+        out.backward(g), out_moved.backward(g)
+        for (key, p), q in zip(plain.named_parameters(), moved.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=2e-2, atol=2e-2 * p.grad.abs().max().item(), msg=key)
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+
+
+def test_relu_after_pool_refuses_a_model_without_relu_into_max_pooling_in_one_line():
+    with pytest.raises(FasttrainError, match=r"train.relu_after_pool: true needs a model whose ReLU feeds a "
+                                             r"MaxPool2d in an nn.Sequential, which toy is not: set it to false") as e:
+        relu_after_pools(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU()), "toy")
     assert "\n" not in str(e.value)
