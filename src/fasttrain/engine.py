@@ -15,8 +15,7 @@ from torch import nn
 
 from fasttrain import config, parallel
 from fasttrain.loaders import pad_channels
-from fasttrain.models import (PADDED_CHANNELS, build_model, pad_first_conv, relu_after_pools, separable_max_pools,
-                              space_to_depth_first_conv)
+from fasttrain.models import PADDED_CHANNELS, build_model, with_switches
 from fasttrain.precision import AutocastForward, Precision
 
 
@@ -45,15 +44,7 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     scheduler's changes reach the recorded kernels."""
     cfg = params.train
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
-    model = build_model(params.model.name, num_classes).to(rt.device)
-    if cfg.pad_channels:
-        model = pad_first_conv(model, params.model.name)
-    if cfg.space_to_depth:
-        model = space_to_depth_first_conv(model, params.model.name)
-    if cfg.separable_max_pool:
-        model = separable_max_pools(model, params.model.name)
-    if cfg.relu_after_pool:
-        model = relu_after_pools(model, params.model.name)
+    model = with_switches(build_model(params.model.name, num_classes).to(rt.device), cfg, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)

@@ -138,6 +138,21 @@ def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
+def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
+    """The model as train's switches make it (pad_channels, space_to_depth, separable_max_pool,
+    relu_after_pool; `cfg` is the train section), each the same function and parameters. A switch the
+    model cannot take is a one-line FasttrainError naming it: check_train builds it on the meta device."""
+    if cfg.pad_channels:
+        model = pad_first_conv(model, name)
+    if cfg.space_to_depth:
+        model = space_to_depth_first_conv(model, name)
+    if cfg.separable_max_pool:
+        model = separable_max_pools(model, name)
+    if cfg.relu_after_pool:
+        model = relu_after_pools(model, name)
+    return model
+
+
 def relu_after_pools(model: nn.Module, name: str) -> nn.Module:
     """Each ReLU that feeds a MaxPool2d in an nn.Sequential (AlexNet's conv -> ReLU -> pool) moved after
     the pool. The same function, forward and backward: max(relu(x)) = relu(max(x)), and where the

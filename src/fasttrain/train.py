@@ -33,8 +33,7 @@ from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache
                               input_dtype, nondeterministic_ops_recorded, set_deterministic, synchronize,
                               train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
-from fasttrain.models import (build_model, check_img_size, first_conv, relu_after_pools, separable_max_pools,
-                              space_to_depth_first_conv)
+from fasttrain.models import build_model, check_img_size, with_switches
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
@@ -57,20 +56,11 @@ def check_train(params: config.Params, world_size: int) -> None:
         if params.data.loader != "gpu":
             raise FasttrainError("train.pad_channels: true needs data.loader: gpu (the torchvision loader "
                                  "gives 3 channels): set it to false or use the gpu loader")
-        with torch.device("meta"):
-            first_conv(build_model(params.model.name, 10), params.model.name)
-    if cfg.space_to_depth:
-        if cfg.pad_channels:
-            raise FasttrainError("train.space_to_depth and train.pad_channels are both true: choose one "
-                                 "(space-to-depth's 48 channels need no padding): set pad_channels to false")
-        with torch.device("meta"):
-            space_to_depth_first_conv(build_model(params.model.name, 10), params.model.name)
-    if cfg.separable_max_pool:
-        with torch.device("meta"):
-            separable_max_pools(build_model(params.model.name, 10), params.model.name)
-    if cfg.relu_after_pool:
-        with torch.device("meta"):
-            relu_after_pools(build_model(params.model.name, 10), params.model.name)
+    if cfg.space_to_depth and cfg.pad_channels:
+        raise FasttrainError("train.space_to_depth and train.pad_channels are both true: choose one "
+                             "(space-to-depth's 48 channels need no padding): set pad_channels to false")
+    with torch.device("meta"):  # every model switch the model cannot take, as training would build it (free)
+        with_switches(build_model(params.model.name, 10), cfg, params.model.name)
     if cfg.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
                              f"ddp processes: it is the global batch, so use at least {world_size}")
@@ -585,8 +575,8 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "space_to_depth", "separable_max_pool", "relu_after_pool", "compile", "progressive_epochs", "progressive_size",
-               "adam_beta2", "cycle_momentum", "deterministic")
+               "space_to_depth", "separable_max_pool", "relu_after_pool", "compile", "progressive_epochs",
+               "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 
 

@@ -332,8 +332,8 @@ def test_relu_after_the_pools_on_the_gpu_in_bf16():
     plain, moved = (m.to(memory_format=torch.channels_last) for m in (plain, moved))
     torch.manual_seed(1)
     x = torch.randn(32, 3, 227, 227, device="cuda").contiguous(memory_format=torch.channels_last)
-    torch.backends.cudnn.deterministic, benchmark = True, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = False
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out, out_moved = plain(x), moved(x)
@@ -343,7 +343,7 @@ def test_relu_after_the_pools_on_the_gpu_in_bf16():
         for (key, p), q in zip(plain.named_parameters(), moved.parameters(), strict=True):
             torch.testing.assert_close(q.grad, p.grad, rtol=2e-2, atol=2e-2 * p.grad.abs().max().item(), msg=key)
     finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 def test_relu_after_pool_refuses_a_model_without_relu_into_max_pooling_in_one_line():
