@@ -29,9 +29,9 @@ from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
-from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups, input_channels,
-                              input_dtype, nondeterministic_ops_recorded, set_deterministic, synchronize,
-                              train_step, warm_up)
+from fasttrain.engine import (StepLog, Trainable, build_trainable, check_overlap, compile_cache_lookups,
+                              input_channels, input_dtype, nondeterministic_ops_recorded,
+                              set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, with_switches
 from fasttrain.precision import Precision
@@ -39,9 +39,10 @@ from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
 
 
-def check_train(params: config.Params, world_size: int) -> None:
+def check_train(params: config.Params, world_size: int, parallel_name: str, precision: Precision) -> None:
     """Everything that can be rejected before a process is started or a file is touched."""
     cfg = params.train
+    check_overlap(cfg, parallel_name, precision)
     check_img_size(params.model.name, cfg.img_size)
     if cfg.progressive_epochs:
         if params.data.loader != "gpu":
@@ -575,8 +576,8 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "space_to_depth", "separable_max_pool", "relu_after_pool", "compile", "progressive_epochs",
-               "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
+               "space_to_depth", "separable_max_pool", "relu_after_pool", "overlap_optimizer", "compile",
+               "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
 
 

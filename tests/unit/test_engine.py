@@ -175,3 +175,80 @@ def test_sync_bn_on_the_cpu_keeps_batchnorm_and_says_so_under_ddp(parallel_name,
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert rt.warnings == (["train.sync_bn ignored: SyncBatchNorm needs GPUs"] if warned else [])
+
+
+# --- train.overlap_optimizer ----------------------------------------------------------------------
+
+def _alexnet_steps(steps: int = 3, size: int = 64, **train):
+    """`steps` optimizer steps of AlexNet on the CPU under a onecycle schedule (the lr changes every step,
+    in both of overlap_optimizer's parameter groups); returns the Trainable and the order in which the
+    late group stepped, the early group stepped and the first conv's gradient was accumulated."""
+    from fasttrain import config, parallel
+    from fasttrain.engine import EARLY, LATE, build_trainable, train_step
+    from fasttrain.precision import PRECISIONS
+    from fasttrain.train import make_scheduler
+
+    params = config.from_dict({"model": {"name": "alexnet"}, "train": {
+        "device": "cpu", "img_size": size, "batch_size": 4, "lr": 1e-3, "scheduler": "onecycle", "epochs": 1,
+        **train}})
+    t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), num_classes=10)
+    scheduler = make_scheduler(params.train, t.optimizer, max(steps, 1))
+    events = []
+    if t.late_step is not None:
+        step_group = t.optimizer.step_group
+        t.optimizer.step_group = lambda i: (events.append({EARLY: "early step", LATE: "late step"}[i]), step_group(i))
+        t.raw.features[0].weight.register_post_accumulate_grad_hook(lambda p: events.append("conv1 gradient"))
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(2)  # dropout's masks: the same in every run
+    for _ in range(steps):
+        x, y = torch.randn(4, 3, size, size, generator=g), torch.randint(0, 10, (4,), generator=g)
+        train_step(t, PRECISIONS["fp32"], x.contiguous(memory_format=torch.channels_last), y)
+        scheduler.step()
+    return t, events
+
+
+def _same_weights_and_moments(a, b) -> None:
+    for (name, p), q in zip(a.raw.named_parameters(), b.raw.parameters(), strict=True):
+        assert torch.equal(p, q), name
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a.optimizer.state[p][k], b.optimizer.state[q][k]), (name, k)
+
+
+def test_overlap_optimizer_steps_the_classifier_in_the_backward_to_the_same_weights_bit_for_bit():
+    plain, _ = _alexnet_steps()
+    overlapped, events = _alexnet_steps(overlap_optimizer=True)
+    assert plain.late_step is None and len(plain.optimizer.param_groups) == 1
+    early, late = overlapped.optimizer.param_groups
+    assert [p for p in late["params"]] == list(overlapped.raw.classifier.parameters())
+    assert len(early["params"]) + len(late["params"]) == len(list(overlapped.raw.parameters()))
+    # the classifier steps once the backward is past it, before the first conv has its gradient
+    assert events == ["late step", "conv1 gradient", "early step"] * 3
+    assert early["lr"] == late["lr"] == plain.optimizer.param_groups[0]["lr"]  # the schedule reached both groups
+    _same_weights_and_moments(plain, overlapped)
+
+
+def test_a_backward_without_a_step_leaves_the_overlapped_weights_alone():
+    """warm_up's forward + backward (compile, cuDNN's autotuning) must not step the classifier."""
+    from fasttrain.engine import warm_up
+    from fasttrain.precision import PRECISIONS
+
+    t, _ = _alexnet_steps(steps=0, overlap_optimizer=True)
+    before = [p.detach().clone() for p in t.raw.parameters()]
+    warm_up(t, PRECISIONS["fp32"], [4], 64, 10, True, CPU)
+    assert all(torch.equal(a, b) for a, b in zip(before, t.raw.parameters(), strict=True))
+    assert t.optimizer.state == {} and all(p.grad is None for p in t.raw.parameters())
+
+
+@pytest.mark.slow
+def test_compiled_the_classifier_steps_before_the_features_backward_ends():
+    """One compiled graph would hand every gradient over at its end, the first conv's among the
+    first: no overlap. The classifier compiled apart accumulates its gradients, and steps, before
+    the first conv has its gradient."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    plain, _ = _alexnet_steps(compile=True)
+    torch._dynamo.reset()
+    overlapped, events = _alexnet_steps(compile=True, overlap_optimizer=True)
+    assert events == ["late step", "conv1 gradient", "early step"] * 3
+    _same_weights_and_moments(plain, overlapped)
