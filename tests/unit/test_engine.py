@@ -179,7 +179,7 @@ def test_sync_bn_on_the_cpu_keeps_batchnorm_and_says_so_under_ddp(parallel_name,
 
 # --- train.overlap_optimizer ----------------------------------------------------------------------
 
-def _alexnet_steps(steps: int = 3, size: int = 64, **train):
+def _alexnet_steps(steps: int = 3, size: int = 64, frozen: str | None = None, **train):
     """`steps` optimizer steps of AlexNet on the CPU under a onecycle schedule (the lr changes every step,
     in both of overlap_optimizer's parameter groups); returns the Trainable and the order in which the
     late group stepped, the early group stepped and the first conv's gradient was accumulated."""
@@ -192,6 +192,8 @@ def _alexnet_steps(steps: int = 3, size: int = 64, **train):
         "device": "cpu", "img_size": size, "batch_size": 4, "lr": 1e-3, "scheduler": "onecycle", "epochs": 1,
         **train}})
     t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cpu"), num_classes=10)
+    if frozen is not None:  # a parameter the backward gives no gradient
+        t.raw.get_parameter(frozen).requires_grad_(False)
     scheduler = make_scheduler(params.train, t.optimizer, max(steps, 1))
     events = []
     if t.late_step is not None:
@@ -210,8 +212,10 @@ def _alexnet_steps(steps: int = 3, size: int = 64, **train):
 def _same_weights_and_moments(a, b) -> None:
     for (name, p), q in zip(a.raw.named_parameters(), b.raw.parameters(), strict=True):
         assert torch.equal(p, q), name
-        for k in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(a.optimizer.state[p][k], b.optimizer.state[q][k]), (name, k)
+        sa, sb = a.optimizer.state.get(p, {}), b.optimizer.state.get(q, {})  # none: never stepped (frozen)
+        assert sorted(sa) == sorted(sb) == ([] if not p.requires_grad else ["exp_avg", "exp_avg_sq", "step"]), name
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), (name, k)
 
 
 def test_overlap_optimizer_steps_the_classifier_in_the_backward_to_the_same_weights_bit_for_bit():
@@ -224,6 +228,16 @@ def test_overlap_optimizer_steps_the_classifier_in_the_backward_to_the_same_weig
     # the classifier steps once the backward is past it, before the first conv has its gradient
     assert events == ["late step", "conv1 gradient", "early step"] * 3
     assert early["lr"] == late["lr"] == plain.optimizer.param_groups[0]["lr"]  # the schedule reached both groups
+    _same_weights_and_moments(plain, overlapped)
+
+
+def test_a_classifier_parameter_without_a_gradient_still_steps_the_rest_after_the_backward():
+    """The late group steps once all its gradients are in; a frozen one never comes, so it steps after
+    the backward (AdamW skips the frozen one), before the early group, to the same weights."""
+    plain, _ = _alexnet_steps(frozen="classifier.6.bias")
+    overlapped, events = _alexnet_steps(frozen="classifier.6.bias", overlap_optimizer=True)
+    assert events == ["conv1 gradient", "late step", "early step"] * 3
+    assert not overlapped.raw.classifier[6].bias.requires_grad
     _same_weights_and_moments(plain, overlapped)
 
 
