@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain import config, parallel
-from fasttrain.errors import FasttrainError
 from fasttrain.loaders import pad_channels
 from fasttrain.models import PADDED_CHANNELS, build_model, with_switches
 from fasttrain.precision import AutocastForward, Precision
@@ -45,14 +44,14 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     replayed from CUDA graphs) the optimizer is capturable and its lr a device tensor, so a
     scheduler's changes reach the recorded kernels."""
     cfg = params.train
-    check_overlap(cfg, rt.parallel, precision)
+    overlap = cfg.overlap_optimizer and overlap_unavailable_reason(cfg, rt.parallel, precision) is None
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
     model = with_switches(build_model(params.model.name, num_classes).to(rt.device), cfg, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)
     groups: list = list(raw.parameters())
-    if cfg.overlap_optimizer:
+    if overlap:
         late = late_part(raw)
         late.register_forward_pre_hook(_compiled_apart)
         late_ids = {id(p) for p in late.parameters()}
@@ -68,8 +67,7 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
                       fused=cfg.fused_adamw and rt.device.type == "cuda", capturable=graphs)
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip,
                      cfg.batch_size // rt.world_size if cfg.compile else None, eager if cfg.compile else None,
-                     LateStep(optimizer, optimizer.param_groups[LATE]["params"], rt.device)
-                     if cfg.overlap_optimizer else None)
+                     LateStep(optimizer, optimizer.param_groups[LATE]["params"], rt.device) if overlap else None)
 
 
 # train.overlap_optimizer's two parameter groups: the model less its last part, and that last part
@@ -96,7 +94,7 @@ class LateStep:
     group steps first changes nothing. It needs each gradient final once accumulated: no GradScaler
     (amp unscales and checks all gradients first), no clipping (the norm of all of them), no ddp (its
     all-reduce comes after) and no dp (it gathers the replicas' gradients at the very end):
-    check_overlap."""
+    overlap_unavailable_reason."""
 
     def __init__(self, optimizer: AdamW, late: list[nn.Parameter], device: torch.device):
         self.optimizer, self.count = optimizer, len(late)
@@ -148,22 +146,21 @@ def late_part(model: nn.Module) -> nn.Module:
     return [m for m in model.children() if next(m.parameters(), None) is not None][-1]
 
 
-def check_overlap(cfg: config.TrainConfig, parallel_name: str, precision: Precision) -> None:
-    """train.overlap_optimizer's conditions (LateStep), each refused in one line."""
-    if not cfg.overlap_optimizer:
-        return
+def overlap_unavailable_reason(cfg: config.TrainConfig, parallel_name: str, precision: Precision) -> str | None:
+    """Why this variant steps after the backward as usual under train.overlap_optimizer (None: it can
+    overlap; LateStep says what it needs). The pipeline's other variants run, and say so in their
+    metrics' warnings, as with train.cuda_graphs."""
     if parallel_name != "single":
-        raise FasttrainError(f"train.overlap_optimizer: true needs --parallel single, not {parallel_name} "
-                             f"({'ddp all-reduces' if parallel_name == 'ddp' else 'dp gathers'} the gradients "
-                             f"after the backward has them): set it to false or train single")
+        why = ("its all-reduce of the gradients comes after the backward has them" if parallel_name == "ddp"
+               else "nn.DataParallel gathers the replicas' gradients at the backward's end")
+        return f"train.overlap_optimizer: {parallel_name} steps after the backward as usual: {why}"
     if precision.grad_scaler:
-        raise FasttrainError(f"train.overlap_optimizer: true cannot run --precision {precision.name}: its "
-                             f"GradScaler unscales and checks every gradient before any step: set it to false "
-                             f"or use bf16, autocast or fp32")
+        return (f"train.overlap_optimizer: {precision.name} steps after the backward as usual: its GradScaler "
+                f"unscales and checks every gradient before any step")
     if cfg.grad_clip is not None:
-        raise FasttrainError(f"train.overlap_optimizer: true cannot run with train.grad_clip = {cfg.grad_clip}: "
-                             f"clipping needs the norm of every gradient before any step: set grad_clip to null "
-                             f"or overlap_optimizer to false")
+        return (f"train.overlap_optimizer: steps after the backward as usual with train.grad_clip = {cfg.grad_clip}: "
+                f"clipping needs the norm of every gradient before any step")
+    return None
 
 
 def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
@@ -173,7 +170,7 @@ def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
     with precision.autocast(x.device.type):
         loss = F.cross_entropy(t.net_for(len(x))(x), y, label_smoothing=t.label_smoothing)
     t.optimizer.zero_grad(set_to_none=True)
-    if t.late_step is not None:  # (no GradScaler, no clipping: check_overlap)
+    if t.late_step is not None:  # (no GradScaler, no clipping: overlap_unavailable_reason)
         t.late_step.backward_and_step(loss)
         return loss.detach(), None
     t.scaler.scale(loss).backward()

@@ -29,8 +29,8 @@ from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
-from fasttrain.engine import (StepLog, Trainable, build_trainable, check_overlap, compile_cache_lookups,
-                              input_channels, input_dtype, nondeterministic_ops_recorded,
+from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups,
+                              input_channels, input_dtype, nondeterministic_ops_recorded, overlap_unavailable_reason,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, with_switches
@@ -39,10 +39,9 @@ from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
 
 
-def check_train(params: config.Params, world_size: int, parallel_name: str, precision: Precision) -> None:
+def check_train(params: config.Params, world_size: int) -> None:
     """Everything that can be rejected before a process is started or a file is touched."""
     cfg = params.train
-    check_overlap(cfg, parallel_name, precision)
     check_img_size(params.model.name, cfg.img_size)
     if cfg.progressive_epochs:
         if params.data.loader != "gpu":
@@ -283,6 +282,10 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     if no_graphs not in (None, "off"):
         log(no_graphs)
         rt.warnings.append(no_graphs)
+    no_overlap = overlap_unavailable_reason(cfg, rt.parallel, precision) if cfg.overlap_optimizer else None
+    if no_overlap is not None:
+        log(no_overlap)
+        rt.warnings.append(no_overlap)
 
     random.seed(cfg.seed)
     t = build_trainable(params, precision, rt, len(dataset.classes), graphs=no_graphs is None)

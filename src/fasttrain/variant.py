@@ -40,7 +40,7 @@ def world_size_for(params: config.Params, parallel_name: str, nnodes: int = 1) -
 
 def run_variant(command: str, fn, parallel_name: str, precision_name: str, params_path: str,
                 check=None, max_restarts: int = 0, extra_argv: tuple[str, ...] = ()) -> None:
-    """Validate (`check(params, world_size, parallel_name, precision)`), then either run `fn(params, precision, runtime, layout)`
+    """Validate (`check(params, world_size)`), then either run `fn(params, precision, runtime, layout)`
     here or start ddp workers that run this same command (plus `extra_argv`) under torchrun.
 
     Only `train` spreads over `train.nnodes` nodes: evaluating 10,000 images needs no second node, and
@@ -50,7 +50,7 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
     nnodes = params.train.nnodes if command == "train" and parallel_name == "ddp" else 1
     world_size = world_size_for(params, parallel_name, nnodes)
     if check is not None:
-        check(params, world_size, parallel_name, PRECISIONS[precision_name])
+        check(params, world_size)
     if parallel_name == "ddp" and not parallel.under_torchrun():
         parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
                          "--params", str(Path(params_path).resolve()), *extra_argv], world_size // nnodes,

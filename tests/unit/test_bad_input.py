@@ -163,19 +163,6 @@ CASES = {
         TRAIN, "train.relu_after_pool: true needs a model whose ReLU feeds a MaxPool2d in an nn.Sequential, which "
         "resnet18 is not: set it to false",
         {"model": {"name": "resnet18"}, "train": {"relu_after_pool": True}}),
-    "the optimizer overlapped under ddp": Case(
-        TRAIN_DDP, "train.overlap_optimizer: true needs --parallel single, not ddp (ddp all-reduces the gradients "
-        "after the backward has them): set it to false or train single", {"train": {"overlap_optimizer": True}}),
-    "the optimizer overlapped under dp": Case(
-        ["train", "--parallel", "dp", "--precision", "fp32"], "train.overlap_optimizer: true needs --parallel "
-        "single, not dp (dp gathers the gradients", {"train": {"overlap_optimizer": True}}),
-    "the optimizer overlapped with amp's GradScaler": Case(
-        ["train", "--parallel", "single", "--precision", "amp"], "train.overlap_optimizer: true cannot run "
-        "--precision amp: its GradScaler unscales and checks every gradient before any step: set it to false or "
-        "use bf16, autocast or fp32", {"train": {"overlap_optimizer": True}}),
-    "the optimizer overlapped with gradient clipping": Case(
-        TRAIN, "train.overlap_optimizer: true cannot run with train.grad_clip = 1.0: clipping needs the norm of "
-        "every gradient before any step", {"train": {"overlap_optimizer": True, "grad_clip": 1.0}}),
     "gradient clipping at 0": Case(TRAIN, "train.grad_clip = 0.0 is out of range: must be null (off) or a number > 0",
                                    {"train": {"grad_clip": 0}}),
     "gradient clipping a string": Case(TRAIN, "train.grad_clip must be a number or null, got 'yes'",

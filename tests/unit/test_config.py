@@ -80,7 +80,6 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     updated key by key): every key known, every value valid, and the train checks (space_to_depth and
     separable pools on AlexNet, progressive epochs fewer than epochs, the sizes AlexNet takes) pass
     before any run."""
-    from fasttrain.precision import PRECISIONS
     from fasttrain.train import check_train
 
     raw = yaml.safe_load(open("params.yaml"))
@@ -91,7 +90,7 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     assert (p.data.loader, p.train.batch_size, p.train.compile) == ("gpu", 512, True)
     assert (p.train.space_to_depth, p.train.separable_max_pool, p.train.pad_channels) == (True, True, False)
     assert 0 < p.train.progressive_epochs < p.train.epochs
-    check_train(p, 1, "single", PRECISIONS["bf16"])  # as `make fast` trains it
+    check_train(p, world_size=1)
 
 
 def test_the_fast_recipe_runs_its_step_from_cuda_graphs_on_a_gpu():
