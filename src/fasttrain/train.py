@@ -279,13 +279,11 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
     set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
     no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
-    if no_graphs not in (None, "off"):
-        log(no_graphs)
-        rt.warnings.append(no_graphs)
     no_overlap = overlap_unavailable_reason(cfg, rt.parallel, precision) if cfg.overlap_optimizer else None
-    if no_overlap is not None:
-        log(no_overlap)
-        rt.warnings.append(no_overlap)
+    for why_not in (no_graphs, no_overlap):  # a switch this variant cannot take: it runs without, and says so
+        if why_not not in (None, "off"):
+            log(why_not)
+            rt.warnings.append(why_not)
 
     random.seed(cfg.seed)
     t = build_trainable(params, precision, rt, len(dataset.classes), graphs=no_graphs is None)
