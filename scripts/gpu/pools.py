@@ -10,7 +10,10 @@ ReLU) in each of these ways:
   aten                eager F.max_pool2d: torch's own kernels
   aten-separable      eager SeparableMaxPool2d (rows, then columns)
   compiled            torch.compile of ReLU + pool: inductor's kernels (the recipe without separable_max_pool)
-  compiled-separable  the same with SeparableMaxPool2d, as the recipe takes them
+  compiled-separable  the same with SeparableMaxPool2d, as the recipe took them before fused_max_pool
+  fused               ReLU + pool as pool_kernel's Triton kernels (train.fused_max_pool): the module the
+                      model uses, so torch's layers where the kernels do not run (the CPU, unless
+                      TRITON_INTERPRET=1); each row's "triton" says which ran
 Every way is the same function: its output and input gradient are compared with aten's (max_abs_diff).
 GB/s counts the least traffic a pass needs: x read and the pooled output written forward; the output's
 gradient and x read, x's gradient written backward.
@@ -26,10 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain.engine import synchronize
-from fasttrain.models import SeparableMaxPool2d, build_model
+from fasttrain import pool_kernel
+from fasttrain.models import SeparableMaxPool2d, build_model, fused_max_pools
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-WAYS = ("aten", "aten-separable", "compiled", "compiled-separable")
+WAYS = ("aten", "aten-separable", "compiled", "compiled-separable", "fused")
 
 
 def pool_inputs(size: int) -> list[tuple[nn.MaxPool2d, tuple[int, ...]]]:
@@ -46,6 +50,9 @@ def pool_inputs(size: int) -> list[tuple[nn.MaxPool2d, tuple[int, ...]]]:
 
 
 def way(name: str, pool: nn.MaxPool2d):
+    if name == "fused":
+        plain = nn.MaxPool2d(pool.kernel_size, pool.stride, pool.padding, pool.dilation, ceil_mode=pool.ceil_mode)
+        return fused_max_pools(nn.Sequential(nn.ReLU(), plain), "ReLU + pool")
     separable = SeparableMaxPool2d(pool.kernel_size, pool.stride, pool.padding, pool.dilation,
                                    ceil_mode=pool.ceil_mode)
     chosen = separable if name.endswith("separable") else pool
@@ -94,7 +101,8 @@ def main(argv=None) -> int:
         for name in WAYS:
             fn = way(name, pool)
             row = {"layer": f"pool{i + 1} {list(shape)}", "way": name, "batch": args.batch, "size": args.size,
-                   "dtype": args.dtype, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+                   "dtype": args.dtype, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                   "triton": name == "fused" and pool_kernel.enabled(x)}
             row.update(time_way(fn, x, g, args.iters, device))
             x.grad = None
             got = fn(x)

@@ -72,6 +72,7 @@ class TrainConfig:
     space_to_depth: bool = False  # the first (strided) convolution computed on space-to-depth input, same function
     separable_max_pool: bool = False  # max pooling as a max over rows, then columns: same function
     relu_after_pool: bool = False  # each ReLU that feeds a max pool moved after it: same function
+    fused_max_pool: bool = False  # each ReLU -> max pool pair as one Triton kernel forward, one backward: same function
     overlap_optimizer: bool = False  # AdamW's step of the model's last part runs during the rest's backward: same update
     cuda_graphs: bool = True  # replay the whole step from CUDA graphs (GPU; dp and the CPU run eagerly); capture time reported apart
     deterministic: bool = False  # bit-identical weights from the same params on one device (deterministic kernels)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from fasttrain import pool_kernel
 from fasttrain.errors import FasttrainError
 
 
@@ -140,8 +142,15 @@ def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
 
 def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
     """The model as train's switches make it (pad_channels, space_to_depth, separable_max_pool,
-    relu_after_pool; `cfg` is the train section), each the same function and parameters. A switch the
-    model cannot take is a one-line FasttrainError naming it: check_train builds it on the meta device."""
+    relu_after_pool, fused_max_pool; `cfg` is the train section), each the same function and
+    parameters. A switch the model cannot take is a one-line FasttrainError naming it: check_train
+    builds it on the meta device."""
+    if cfg.fused_max_pool and (cfg.separable_max_pool or cfg.relu_after_pool):
+        taken = [k for k in ("separable_max_pool", "relu_after_pool") if getattr(cfg, k)]
+        raise FasttrainError(f"train.fused_max_pool: true computes each ReLU and max pool in one kernel of its own, "
+                             f"so it cannot take train.{' or train.'.join(taken)} too: set one of them to false")
+    if cfg.fused_max_pool:
+        model = fused_max_pools(model, name)
     if cfg.pad_channels:
         model = pad_first_conv(model, name)
     if cfg.space_to_depth:
@@ -150,6 +159,56 @@ def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
         model = separable_max_pools(model, name)
     if cfg.relu_after_pool:
         model = relu_after_pools(model, name)
+    return model
+
+
+class FusedReluMaxPool2d(nn.MaxPool2d):
+    """A ReLU and this MaxPool2d (train.fused_max_pool; the ReLU before it made an nn.Identity) as
+    pool_kernel's Triton kernels, one forward and one backward, where they run (CUDA tensors, or any
+    under TRITON_INTERPRET=1); torch's ReLU and pool elsewhere. The same function, forward and
+    backward (pool_kernel's docstring says why). Whether the kernels can run is found once, when the
+    model is built, so that torch.compile sees a constant."""
+
+    kernels: bool = False  # Triton importable
+    interpret: bool = False  # TRITON_INTERPRET=1: the kernels run on any device's tensors
+
+    def forward(self, input):
+        if self.kernels and (input.is_cuda or self.interpret):
+            return pool_kernel.relu_max_pool2d(input, self.kernel_size, self.stride, self.padding)[0]
+        return super().forward(F.relu(input))
+
+
+def _fusable(pool: nn.Module) -> bool:
+    """A MaxPool2d that pool_kernel computes: square window, stride and padding; dilation 1; floor mode."""
+    if type(pool) is not nn.MaxPool2d or pool.return_indices or pool.ceil_mode:
+        return False
+    k, s, p, d = (nn.modules.utils._pair(v) for v in (pool.kernel_size, pool.stride or pool.kernel_size,
+                                                     pool.padding, pool.dilation))
+    return k[0] == k[1] and s[0] == s[1] and p[0] == p[1] and d == (1, 1)
+
+
+def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
+    """Each ReLU that feeds a MaxPool2d in an nn.Sequential (AlexNet's conv -> ReLU -> pool) taken with
+    the pool as one FusedReluMaxPool2d, the ReLU replaced by an nn.Identity. Neither layer has
+    parameters or buffers, so the state dict keeps its keys and loads into the bare model. A pool that
+    the kernels do not compute (dilation, ceil mode, returned indices, unequal sides) stays torch's."""
+    kernels, interpret = pool_kernel.available(), os.environ.get("TRITON_INTERPRET") == "1"
+    fused = 0
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        keys = list(seq._modules)
+        for a, b in zip(keys, keys[1:]):
+            relu, pool = seq._modules[a], seq._modules[b]
+            if isinstance(relu, nn.ReLU) and _fusable(pool):
+                seq._modules[a] = nn.Identity()
+                pool.__class__ = FusedReluMaxPool2d
+                pool.kernel_size, pool.stride, pool.padding = (
+                    nn.modules.utils._pair(v)[0] for v in (pool.kernel_size, pool.stride or pool.kernel_size,
+                                                          pool.padding))
+                pool.kernels, pool.interpret = kernels, interpret
+                fused += 1
+    if not fused:
+        raise FasttrainError(f"train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, "
+                             f"dilation 1, floor mode) in an nn.Sequential, which {name} is not: set it to false")
     return model
 
 

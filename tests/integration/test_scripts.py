@@ -205,18 +205,22 @@ def test_sweep_profiles_the_training_step_on_the_cpu(grad_clip, monkeypatch):
 
 
 def test_pools_times_every_way_of_alexnets_pools_and_each_is_the_same_function(tmp_path, monkeypatch):
-    """pools.py on the CPU, small: every pool of AlexNet in every way, each way's output and input
-    gradient those of torch's pool (ties included: the inputs sit on a coarse grid)."""
+    """pools.py on the CPU, small, the fused way's Triton kernels under Triton's interpreter: every pool
+    of AlexNet in every way, each way's output and input gradient those of torch's pool (ties
+    included: the inputs sit on a coarse grid)."""
+    pytest.importorskip("triton")
+    out = tmp_path / "pools.json"
+    run([sys.executable, str(GPU / "pools.py"), "--batch", "2", "--size", "63", "--iters", "2", "--dtype", "fp32",
+         "--out", str(out)], REPO, env={"TRITON_INTERPRET": "1"})
     monkeypatch.syspath_prepend(str(GPU))
     import pools
 
-    out = tmp_path / "pools.json"
-    assert pools.main(["--batch", "2", "--size", "63", "--iters", "2", "--dtype", "fp32", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["way"] for r in rows] == list(pools.WAYS) * 3
-    assert [r["layer"].split()[0] for r in rows[::4]] == ["pool1", "pool2", "pool3"]
+    assert [r["layer"].split()[0] for r in rows[::len(pools.WAYS)]] == ["pool1", "pool2", "pool3"]
     assert rows[0]["layer"] == "pool1 [2, 64, 15, 15]"  # AlexNet's first pool at 63 px
     assert all(r["ms"] > 0 and r["gb_per_s"] > 0 for r in rows)
+    assert [r["triton"] for r in rows] == [r["way"] == "fused" for r in rows]  # the kernels ran, interpreted
     # the same function: the separable ways may add one pixel's gradients from two windows in another order
     assert all(r["max_abs_diff"] <= 1e-6 for r in rows), [(r["layer"], r["way"], r["max_abs_diff"]) for r in rows]
     assert all(r["max_abs_diff"] == 0 for r in rows if not r["way"].endswith("separable"))

@@ -163,6 +163,18 @@ CASES = {
         TRAIN, "train.relu_after_pool: true needs a model whose ReLU feeds a MaxPool2d in an nn.Sequential, which "
         "resnet18 is not: set it to false",
         {"model": {"name": "resnet18"}, "train": {"relu_after_pool": True}}),
+    "fused pools on a model without ReLU into a pool in a Sequential": Case(
+        TRAIN, "train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, dilation 1, floor mode) "
+        "in an nn.Sequential, which resnet18 is not: set it to false",
+        {"model": {"name": "resnet18"}, "train": {"fused_max_pool": True}}),
+    "fused pools with separable pools": Case(
+        TRAIN, "train.fused_max_pool: true computes each ReLU and max pool in one kernel of its own, so it cannot take "
+        "train.separable_max_pool too: set one of them to false",
+        {"train": {"fused_max_pool": True, "separable_max_pool": True}}),
+    "fused pools with the ReLU after the pools": Case(
+        TRAIN, "train.fused_max_pool: true computes each ReLU and max pool in one kernel of its own, so it cannot take "
+        "train.separable_max_pool or train.relu_after_pool too: set one of them to false",
+        {"train": {"fused_max_pool": True, "separable_max_pool": True, "relu_after_pool": True}}),
     "gradient clipping at 0": Case(TRAIN, "train.grad_clip = 0.0 is out of range: must be null (off) or a number > 0",
                                    {"train": {"grad_clip": 0}}),
     "gradient clipping a string": Case(TRAIN, "train.grad_clip must be a number or null, got 'yes'",

@@ -1,0 +1,205 @@
+"""ReLU followed by a max pool (AlexNet's ``ReLU -> MaxPool2d(3, 2)``), as one Triton kernel forward
+and one backward (train.fused_max_pool).
+
+Compiled, each pool's backward is inductor's kernel: for every input pixel it looks at each window
+that may hold it and compares the window's saved choice with the pixel's place, and the ReLU's
+mask comes on top. On an H200 at the fast recipe's batch those kernels moved about 1 TB/s, a fifth
+of the step (docs/fast-recipe.md, "Step speed"). Here:
+
+- forward: a program takes one output row of one image, a [BLOCK_W, BLOCK_C] tile of its (column,
+  channel) values; channels are the contiguous axis in channels_last, so every load and store is a
+  vector. For each output it stores ``relu(max)`` and one int8: the window position (kh * K + kw) of
+  the first maximum in reading order, or -1 where the ReLU gives no gradient (the maximum <= 0).
+- backward: a program takes one input row of one image; each pixel sums, in float32 and in the
+  order torch's pooling does (window rows, then columns, ascending), the output gradients of the
+  windows whose saved position is that pixel (float64 for a float64 gradient), and stores the sum
+  once. No atomics, no zero fill.
+
+The same function as ``max_pool2d(relu(x))`` forward and backward: the window's maximum of relu(x)
+is relu of the maximum of x; where it is positive, the first pixel in reading order holding it is
+the first holding x's maximum, which is where torch's pool sends the gradient, and ReLU passes it;
+where it is not, ReLU's backward (``threshold_backward``: zero where its output is <= 0) gives
+none. NaN follows torch too: a NaN is taken as the maximum (the last one in the window) and its
+gradient passes, since NaN <= 0 is false. A pixel in several windows gets their gradients added
+in float32 in torch's order, then rounded once to the gradient's dtype.
+
+``enabled`` says where the kernels run: CUDA tensors (or any under TRITON_INTERPRET=1, which the
+tests use on the CPU) with Triton importable. The module ``models.FusedReluMaxPool2d`` takes torch's
+ReLU and pool elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+BLOCK_W = 16  # columns of a tile (output columns forward, input columns backward)
+MAX_BLOCK_C = 64  # channels of a tile: 64 bf16 values, a 128-byte line
+
+
+def available() -> bool:
+    """Whether Triton is importable, so that the kernels can be built."""
+    return _kernels() is not None
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve ``x``: a CUDA tensor (or any, under TRITON_INTERPRET=1),
+    with Triton importable."""
+    return (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and available()
+
+
+@functools.cache
+def _kernels():
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # a torch build without Triton
+        return None
+
+    @triton.jit
+    def relu_max_pool_forward(x, out, arg, H, W, OH, OW, C,
+                              sxn, sxc, sxh, sxw, son, soc, soh, sow,
+                              K: tl.constexpr, S: tl.constexpr, P: tl.constexpr,
+                              BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        row = tl.program_id(0)  # n * OH + oh
+        n = row // OH
+        oh = row - n * OH
+        ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+        inside = (ow < OW) & (c < C)
+        src = x + n.to(tl.int64) * sxn + c * sxc
+        best = tl.full([BLOCK_W, BLOCK_C], float("-inf"), tl.float32)
+        at = tl.full([BLOCK_W, BLOCK_C], 0, tl.int32)
+        for kh in tl.static_range(K):
+            h = oh * S - P + kh
+            for kw in tl.static_range(K):
+                w = ow * S - P + kw
+                ok = inside & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+                v = tl.load(src + h * sxh + w * sxw, mask=ok, other=float("-inf")).to(tl.float32)
+                take = ok & ((v > best) | (v != v))  # torch's pool: the first maximum, or a NaN
+                best = tl.where(take, v, best)
+                at = tl.where(take, kh * K + kw, at)
+        no_gradient = best <= 0.0  # ReLU's output is 0 there (NaN: false, as in threshold_backward)
+        dst = n.to(tl.int64) * son + oh * soh + ow * sow + c * soc
+        tl.store(out + dst, tl.where(no_gradient, 0.0, best).to(out.dtype.element_ty), mask=inside)
+        tl.store(arg + dst, tl.where(no_gradient, -1, at).to(tl.int8), mask=inside)
+
+    @triton.jit
+    def relu_max_pool_backward(grad_out, arg, grad_in, H, W, OH, OW, C,
+                               sgn, sgc, sgh, sgw, san, sac, sah, saw, sin, sic, sih, siw,
+                               K: tl.constexpr, S: tl.constexpr, P: tl.constexpr, FLOAT64: tl.constexpr,
+                               BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+        row = tl.program_id(0)  # n * H + h
+        n = row // H
+        h = row - n * H
+        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+        inside = (w < W) & (c < C)
+        n64 = n.to(tl.int64)
+        if FLOAT64:  # a float64 gradient is summed in float64, any other in float32
+            acc = tl.zeros([BLOCK_W, BLOCK_C], tl.float64)
+        else:
+            acc = tl.zeros([BLOCK_W, BLOCK_C], tl.float32)
+        R: tl.constexpr = (K + S - 1) // S  # the most windows along one axis that hold a pixel
+        for i in tl.static_range(R):  # window rows ascending, then columns: torch's order
+            oh = (h + P) // S - (R - 1 - i)
+            kh = h + P - oh * S
+            row_ok = (oh >= 0) & (oh < OH) & (kh < K)
+            for j in tl.static_range(R):
+                ow = (w + P) // S - (R - 1 - j)
+                kw = w + P - ow * S
+                ok = inside & row_ok & (ow >= 0) & (ow < OW) & (kw < K)
+                a = tl.load(arg + n64 * san + oh * sah + ow * saw + c * sac, mask=ok, other=-1)
+                g = tl.load(grad_out + n64 * sgn + oh * sgh + ow * sgw + c * sgc, mask=ok, other=0.0)
+                acc += tl.where(a.to(tl.int32) == kh * K + kw, g.to(acc.dtype), 0.0)
+        tl.store(grad_in + n64 * sin + h * sih + w * siw + c * sic, acc.to(grad_in.dtype.element_ty), mask=inside)
+
+    return relu_max_pool_forward, relu_max_pool_backward
+
+
+def output_size(size: int, kernel_size: int, stride: int, padding: int) -> int:
+    """torch's pooled size along one axis (floor mode, dilation 1)."""
+    return (size + 2 * padding - kernel_size) // stride + 1
+
+
+def _like(x: torch.Tensor, shape, dtype) -> torch.Tensor:
+    """An empty tensor of `shape` and `dtype` in x's memory format (channels_last or contiguous)."""
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    return torch.empty(shape, dtype=dtype, device=x.device, memory_format=fmt)
+
+
+def _tiles(h_rows: int, width: int, channels: int):
+    from triton import next_power_of_2  # importable: enabled() found Triton
+
+    block_c = min(next_power_of_2(channels), MAX_BLOCK_C)
+    return (h_rows, -(-width // BLOCK_W), -(-channels // block_c)), block_c
+
+
+def _on(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+@torch.library.custom_op("fasttrain::relu_max_pool2d", mutates_args=())
+def relu_max_pool2d(x: torch.Tensor, kernel_size: int, stride: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max_pool2d(relu(x), kernel_size, stride, padding)`` and, per output, the int8 window position
+    its gradient goes to (-1: none)."""
+    n, c, h, w = x.shape
+    oh, ow = (output_size(s, kernel_size, stride, padding) for s in (h, w))
+    out, arg = _like(x, (n, c, oh, ow), x.dtype), _like(x, (n, c, oh, ow), torch.int8)
+    if out.numel():
+        grid, block_c = _tiles(n * oh, ow, c)
+        with _on(x):
+            _kernels()[0][grid](x, out, arg, h, w, oh, ow, c, *_nchw(x), *_nchw(out), K=kernel_size, S=stride,
+                                P=padding, BLOCK_W=BLOCK_W, BLOCK_C=block_c)
+    return out, arg
+
+
+@relu_max_pool2d.register_fake
+def _(x, kernel_size, stride, padding):
+    n, c, h, w = x.shape
+    oh, ow = (output_size(s, kernel_size, stride, padding) for s in (h, w))
+    return _like(x, (n, c, oh, ow), x.dtype), _like(x, (n, c, oh, ow), torch.int8)
+
+
+@torch.library.custom_op("fasttrain::relu_max_pool2d_backward", mutates_args=())
+def relu_max_pool2d_backward(grad_out: torch.Tensor, arg: torch.Tensor, height: int, width: int,
+                             kernel_size: int, stride: int, padding: int) -> torch.Tensor:
+    """The gradient of relu_max_pool2d's input (height x width) from its output's gradient."""
+    n, c, oh, ow = grad_out.shape
+    grad_in = _like(arg, (n, c, height, width), grad_out.dtype)
+    if grad_in.numel():
+        grid, block_c = _tiles(n * height, width, c)
+        with _on(grad_out):
+            _kernels()[1][grid](grad_out, arg, grad_in, height, width, oh, ow, c, *_nchw(grad_out), *_nchw(arg),
+                                *_nchw(grad_in), K=kernel_size, S=stride, P=padding,
+                                FLOAT64=grad_out.dtype == torch.float64, BLOCK_W=BLOCK_W, BLOCK_C=block_c)
+    return grad_in
+
+
+@relu_max_pool2d_backward.register_fake
+def _(grad_out, arg, height, width, kernel_size, stride, padding):
+    n, c = grad_out.shape[:2]
+    return _like(arg, (n, c, height, width), grad_out.dtype)
+
+
+def _nchw(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _setup_context(ctx, inputs, output):
+    x, ctx.kernel_size, ctx.stride, ctx.padding = inputs
+    ctx.height, ctx.width = x.shape[2:]
+    ctx.save_for_backward(output[1])
+
+
+def _backward(ctx, grad_out, _grad_arg):
+    (arg,) = ctx.saved_tensors
+    grad_in = relu_max_pool2d_backward(grad_out, arg, ctx.height, ctx.width, ctx.kernel_size, ctx.stride,
+                                       ctx.padding)
+    return grad_in, None, None, None
+
+
+relu_max_pool2d.register_autograd(_backward, setup_context=_setup_context)
