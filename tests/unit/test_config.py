@@ -78,7 +78,7 @@ def test_config_hash_is_stable_and_sensitive():
 def test_the_fast_recipe_is_valid_params_that_train_accepts():
     """recipes/fast.yaml laid over params.yaml as `make fast` lays it (scripts/overlay.py: each section
     updated key by key): every key known, every value valid, and the train checks (space_to_depth and
-    separable pools on AlexNet, progressive epochs fewer than epochs, the sizes AlexNet takes) pass
+    fused pools on AlexNet, progressive epochs fewer than epochs, the sizes AlexNet takes) pass
     before any run."""
     from fasttrain.train import check_train
 
@@ -88,14 +88,15 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
         raw[section].update(values)
     p = config.from_dict(raw)
     assert (p.data.loader, p.train.batch_size, p.train.compile) == ("gpu", 512, True)
-    assert (p.train.space_to_depth, p.train.separable_max_pool, p.train.pad_channels) == (True, True, False)
+    assert (p.train.space_to_depth, p.train.fused_max_pool, p.train.pad_channels) == (True, True, False)
+    assert not (p.train.separable_max_pool or p.train.relu_after_pool)  # fused_max_pool takes neither
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
 
 
 def test_the_fast_recipe_runs_its_step_from_cuda_graphs_on_a_gpu():
-    """The recipe's 12-second figure is a graphed run's: on a GPU nothing in it makes the step run
-    eagerly (onecycle's beta1 cycle would: cycle_momentum is off)."""
+    """The recipe's 10.5-second figure is a graphed run's: on a GPU nothing in it makes the step run
+    eagerly (onecycle's beta1 cycle would: cycle_momentum is off), and the fused pools pay only graphed."""
     import torch
 
     from fasttrain import graphs, parallel
