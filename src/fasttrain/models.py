@@ -174,13 +174,13 @@ class FusedReluMaxPool2d(nn.MaxPool2d):
 
     def forward(self, input):
         if self.kernels and (input.is_cuda or self.interpret):
-            return pool_kernel.relu_max_pool2d(input, self.kernel_size, self.stride, self.padding)[0]
+            return pool_kernel.relu_max_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode)[0]
         return super().forward(F.relu(input))
 
 
 def _fusable(pool: nn.Module) -> bool:
-    """A MaxPool2d that pool_kernel computes: square window, stride and padding; dilation 1; floor mode."""
-    if type(pool) is not nn.MaxPool2d or pool.return_indices or pool.ceil_mode:
+    """A MaxPool2d that pool_kernel computes: square window, stride and padding; dilation 1."""
+    if type(pool) is not nn.MaxPool2d or pool.return_indices:
         return False
     k, s, p, d = (nn.modules.utils._pair(v) for v in (pool.kernel_size, pool.stride or pool.kernel_size,
                                                      pool.padding, pool.dilation))
@@ -191,7 +191,7 @@ def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
     """Each ReLU that feeds a MaxPool2d in an nn.Sequential (AlexNet's conv -> ReLU -> pool) taken with
     the pool as one FusedReluMaxPool2d, the ReLU replaced by an nn.Identity. Neither layer has
     parameters or buffers, so the state dict keeps its keys and loads into the bare model. A pool that
-    the kernels do not compute (dilation, ceil mode, returned indices, unequal sides) stays torch's."""
+    the kernels do not compute (dilation, returned indices, unequal sides) stays torch's."""
     kernels, interpret = pool_kernel.available(), os.environ.get("TRITON_INTERPRET") == "1"
     fused = 0
     for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
@@ -208,7 +208,7 @@ def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
                 fused += 1
     if not fused:
         raise FasttrainError(f"train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, "
-                             f"dilation 1, floor mode) in an nn.Sequential, which {name} is not: set it to false")
+                             f"dilation 1) in an nn.Sequential, which {name} is not: set it to false")
     return model
 
 

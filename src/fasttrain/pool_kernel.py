@@ -120,9 +120,13 @@ def _kernels():
     return relu_max_pool_forward, relu_max_pool_backward
 
 
-def output_size(size: int, kernel_size: int, stride: int, padding: int) -> int:
-    """torch's pooled size along one axis (floor mode, dilation 1)."""
-    return (size + 2 * padding - kernel_size) // stride + 1
+def output_size(size: int, kernel_size: int, stride: int, padding: int, ceil_mode: bool = False) -> int:
+    """torch's pooled size along one axis (dilation 1): in ceil mode a last, partial window counts
+    too, if it starts inside the input or its left padding."""
+    out = (size + 2 * padding - kernel_size + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
 
 
 def _like(x: torch.Tensor, shape, dtype) -> torch.Tensor:
@@ -143,11 +147,12 @@ def _on(x: torch.Tensor):
 
 
 @torch.library.custom_op("fasttrain::relu_max_pool2d", mutates_args=())
-def relu_max_pool2d(x: torch.Tensor, kernel_size: int, stride: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``max_pool2d(relu(x), kernel_size, stride, padding)`` and, per output, the int8 window position
-    its gradient goes to (-1: none)."""
+def relu_max_pool2d(x: torch.Tensor, kernel_size: int, stride: int, padding: int,
+                    ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max_pool2d(relu(x), kernel_size, stride, padding, ceil_mode=ceil_mode)`` and, per output, the
+    int8 window position its gradient goes to (-1: none)."""
     n, c, h, w = x.shape
-    oh, ow = (output_size(s, kernel_size, stride, padding) for s in (h, w))
+    oh, ow = (output_size(s, kernel_size, stride, padding, ceil_mode) for s in (h, w))
     out, arg = _like(x, (n, c, oh, ow), x.dtype), _like(x, (n, c, oh, ow), torch.int8)
     if out.numel():
         grid, block_c = _tiles(n * oh, ow, c)
@@ -158,9 +163,9 @@ def relu_max_pool2d(x: torch.Tensor, kernel_size: int, stride: int, padding: int
 
 
 @relu_max_pool2d.register_fake
-def _(x, kernel_size, stride, padding):
+def _(x, kernel_size, stride, padding, ceil_mode=False):
     n, c, h, w = x.shape
-    oh, ow = (output_size(s, kernel_size, stride, padding) for s in (h, w))
+    oh, ow = (output_size(s, kernel_size, stride, padding, ceil_mode) for s in (h, w))
     return _like(x, (n, c, oh, ow), x.dtype), _like(x, (n, c, oh, ow), torch.int8)
 
 
@@ -190,7 +195,7 @@ def _nchw(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def _setup_context(ctx, inputs, output):
-    x, ctx.kernel_size, ctx.stride, ctx.padding = inputs
+    x, ctx.kernel_size, ctx.stride, ctx.padding, _ceil_mode = inputs  # (the output's shape has it)
     ctx.height, ctx.width = x.shape[2:]
     ctx.save_for_backward(output[1])
 
@@ -199,7 +204,7 @@ def _backward(ctx, grad_out, _grad_arg):
     (arg,) = ctx.saved_tensors
     grad_in = relu_max_pool2d_backward(grad_out, arg, ctx.height, ctx.width, ctx.kernel_size, ctx.stride,
                                        ctx.padding)
-    return grad_in, None, None, None
+    return grad_in, None, None, None, None
 
 
 relu_max_pool2d.register_autograd(_backward, setup_context=_setup_context)

@@ -164,8 +164,8 @@ CASES = {
         "resnet18 is not: set it to false",
         {"model": {"name": "resnet18"}, "train": {"relu_after_pool": True}}),
     "fused pools on a model without ReLU into a pool in a Sequential": Case(
-        TRAIN, "train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, dilation 1, floor mode) "
-        "in an nn.Sequential, which resnet18 is not: set it to false",
+        TRAIN, "train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, dilation 1) in an "
+        "nn.Sequential, which resnet18 is not: set it to false",
         {"model": {"name": "resnet18"}, "train": {"fused_max_pool": True}}),
     "fused pools with separable pools": Case(
         TRAIN, "train.fused_max_pool: true computes each ReLU and max pool in one kernel of its own, so it cannot take "

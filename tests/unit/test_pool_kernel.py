@@ -24,15 +24,17 @@ RUNS_KERNEL = torch.cuda.is_available() or INTERPRETED
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 needs_kernel = pytest.mark.skipif(not RUNS_KERNEL, reason="needs CUDA or TRITON_INTERPRET=1")
 
-CASES = [  # dtype, channels_last, (N, C, H, W), kernel_size, stride, padding
-    (torch.float32, True, (2, 64, 27, 27), 3, 2, 0),  # AlexNet's pools: 3x3, stride 2, odd sides
-    (torch.float32, True, (2, 70, 13, 12), 3, 2, 0),  # channels past one tile, not a power of 2
-    (torch.float64, True, (2, 5, 9, 11), 3, 2, 1),  # padding; float64 sums in float64
-    (torch.float32, False, (2, 5, 13, 13), 3, 2, 0),  # contiguous (NCHW)
-    (torch.float32, True, (1, 4, 8, 8), 2, 2, 0),  # windows that do not overlap
-    (torch.float32, True, (1, 4, 7, 7), 3, 1, 1),  # a pixel in up to 9 windows
-    (torch.float16, True, (3, 16, 15, 15), 3, 2, 0),
-] + ([(torch.bfloat16, True, (64, 64, 55, 55), 3, 2, 0)] if torch.cuda.is_available() else [])  # pool 1, real size
+CASES = [  # dtype, channels_last, (N, C, H, W), kernel_size, stride, padding, ceil_mode
+    (torch.float32, True, (2, 64, 27, 27), 3, 2, 0, False),  # AlexNet's pools: 3x3, stride 2, odd sides
+    (torch.float32, True, (2, 70, 13, 12), 3, 2, 0, False),  # channels past one tile, not a power of 2
+    (torch.float64, True, (2, 5, 9, 11), 3, 2, 1, False),  # padding; float64 sums in float64
+    (torch.float32, False, (2, 5, 13, 13), 3, 2, 0, False),  # contiguous (NCHW)
+    (torch.float32, True, (1, 4, 8, 8), 2, 2, 0, False),  # windows that do not overlap
+    (torch.float32, True, (1, 4, 7, 7), 3, 1, 1, False),  # a pixel in up to 9 windows
+    (torch.float16, True, (3, 16, 15, 15), 3, 2, 0, False),
+    (torch.float32, True, (2, 6, 14, 16), 3, 2, 0, True),  # ceil mode (squeezenet's pools): a last, partial window
+    (torch.float64, True, (1, 4, 10, 9), 3, 2, 1, True),  # ceil mode with padding
+] + ([(torch.bfloat16, True, (64, 64, 55, 55), 3, 2, 0, False)] if torch.cuda.is_available() else [])  # pool 1
 
 
 def _grid_input(shape, dtype, channels_last, seed=0):
@@ -43,24 +45,24 @@ def _grid_input(shape, dtype, channels_last, seed=0):
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def _torch_pool(x, grad, k, s, p, dtype=None):
+def _torch_pool(x, grad, k, s, p, dtype=None, ceil_mode=False):
     """torch's ReLU + max_pool2d output and input gradient (computed in `dtype`, default x's)."""
     t = x.detach().to(dtype or x.dtype).requires_grad_()
-    out = F.max_pool2d(F.relu(t), k, s, p)
+    out = F.max_pool2d(F.relu(t), k, s, p, ceil_mode=ceil_mode)
     out.backward(grad.to(out.dtype))
     return out.detach(), t.grad
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype, channels_last, shape, k, s, p", CASES)
-def test_the_kernels_are_torchs_relu_and_max_pool(dtype, channels_last, shape, k, s, p):
+@pytest.mark.parametrize("dtype, channels_last, shape, k, s, p, ceil", CASES)
+def test_the_kernels_are_torchs_relu_and_max_pool(dtype, channels_last, shape, k, s, p, ceil):
     """The output bit for bit. The input gradient bit for bit against torch's pool in float32 and
     float64 (on the CPU, and on the GPU in every dtype: both sum a pixel's gradients in the same
     order, in float32 for half precision); in half precision also against float64 summing the same
     gradients, rounded once (a sum of a few bf16/fp16 values is exact in float32)."""
     x = _grid_input(shape, dtype, channels_last).requires_grad_()
-    out, arg = pool_kernel.relu_max_pool2d(x, k, s, p)
-    want_out = F.max_pool2d(F.relu(x.detach()), k, s, p)
+    out, arg = pool_kernel.relu_max_pool2d(x, k, s, p, ceil)
+    want_out = F.max_pool2d(F.relu(x.detach()), k, s, p, ceil_mode=ceil)
     assert torch.equal(out, want_out)
     assert out.dtype == dtype and arg.dtype == torch.int8 and out.shape == arg.shape == want_out.shape
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -70,10 +72,10 @@ def test_the_kernels_are_torchs_relu_and_max_pool(dtype, channels_last, shape, k
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
     out.backward(grad)
     assert x.grad.dtype == dtype and x.grad.is_contiguous(memory_format=fmt)
-    _, exact = _torch_pool(x, grad, k, s, p, torch.float64)
+    _, exact = _torch_pool(x, grad, k, s, p, torch.float64, ceil)
     assert (exact != 0).any() and (exact == 0).any()
     if dtype in (torch.float32, torch.float64) or x.is_cuda:
-        assert torch.equal(x.grad, _torch_pool(x, grad, k, s, p)[1])
+        assert torch.equal(x.grad, _torch_pool(x, grad, k, s, p, ceil_mode=ceil)[1])
     if dtype in (torch.float16, torch.bfloat16, torch.float64):
         assert torch.equal(x.grad, exact.to(dtype))
 
@@ -164,16 +166,18 @@ def test_without_the_kernels_the_module_is_torchs_relu_and_pool(monkeypatch):
 
 def test_pools_the_kernels_do_not_compute_stay_torchs():
     seq = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, dilation=2), torch.nn.ReLU(),
-                              torch.nn.MaxPool2d(3, 2, ceil_mode=True), torch.nn.ReLU(), torch.nn.MaxPool2d((3, 2)),
-                              torch.nn.ReLU(), torch.nn.MaxPool2d(3))
+                              torch.nn.MaxPool2d(3, 2, return_indices=True), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d((3, 2)), torch.nn.ReLU(), torch.nn.MaxPool2d(3),
+                              torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, ceil_mode=True))
     fused = fused_max_pools(seq, "toy")
-    assert [type(m).__name__ for m in fused] == ["ReLU", "MaxPool2d"] * 3 + ["Identity", "FusedReluMaxPool2d"]
+    assert [type(m).__name__ for m in fused] == ["ReLU", "MaxPool2d"] * 3 + ["Identity", "FusedReluMaxPool2d"] * 2
     assert (fused[7].kernel_size, fused[7].stride, fused[7].padding) == (3, 3, 0)  # stride None: the window's
+    assert fused[9].ceil_mode
 
 
 def test_fused_max_pool_refuses_a_model_without_relu_into_max_pooling_in_one_line():
     with pytest.raises(FasttrainError, match=r"train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d "
-                                             r"\(square, dilation 1, floor mode\) in an nn.Sequential, which toy is "
+                                             r"\(square, dilation 1\) in an nn.Sequential, which toy is "
                                              r"not: set it to false") as e:
         fused_max_pools(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU()), "toy")
     assert "\n" not in str(e.value)
