@@ -353,8 +353,11 @@ def check_same_file(path: Path, rt: Runtime) -> None:
 
 def root_failure(failures: dict) -> tuple:
     """(rank, failure) to name from torchrun's failed workers: the earliest to fail on its own. Ranks
-    that only lost it (PeersLost's exit status) count only when no other rank failed."""
-    own = {rank: f for rank, f in failures.items() if f.exitcode != PeersLost.exit_status} or failures
+    that only lost it (PeersLost's exit status) or that torchrun itself stopped once another had failed
+    (killed by SIGTERM, its signal to the rest, often seen in the same whole second as the failure)
+    count only when no other rank failed."""
+    followers = (PeersLost.exit_status, -signal.SIGTERM)
+    own = {rank: f for rank, f in failures.items() if f.exitcode not in followers} or failures
     rank = min(own, key=lambda r: (own[r].timestamp, r))
     return rank, own[rank]
 

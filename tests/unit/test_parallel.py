@@ -175,6 +175,9 @@ def _failure(exitcode: int, timestamp: int):
     ({0: (1, 100), 1: (1, 101)}, 0),  # two failures of their own: the earlier
     ({0: (1, 100), 1: (1, 100)}, 0),  # a tie: the lower rank
     ({0: (76, 100), 1: (76, 100)}, 0),  # only lost peers (a node died): the earliest of them
+    ({0: (-15, 100), 1: (-9, 100)}, 1),  # rank 1 killed, rank 0 stopped by torchrun in the same second
+    ({0: (-15, 100), 1: (76, 100), 2: (1, 101)}, 2),  # stopped and lost ranks yield to one that failed
+    ({0: (-15, 100), 1: (-15, 101)}, 0),  # only SIGTERMs (the workers were stopped): the earliest
 ])
 def test_the_launcher_names_the_rank_that_failed_on_its_own_not_one_that_lost_it(failures, named):
     from fasttrain.errors import PeersLost
