@@ -8,7 +8,6 @@ trains two tiny variants, not twelve.
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 

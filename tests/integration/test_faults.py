@@ -5,9 +5,7 @@ Real processes and real signals. The signal is sent at a known step by the run i
 run, or under ddp its torchrun launcher, which passes it on to the workers.
 """
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap

@@ -12,8 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from scratch import BIN, TINY, copy_repo, run, set_params
+from scratch import TINY, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, parallel
 from fasttrain.atomic import DiskError
