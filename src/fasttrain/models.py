@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -123,10 +122,16 @@ class SeparableMaxPool2d(nn.MaxPool2d):
     square window looks at 9, which the compiled backward pays for again and again."""
 
     def forward(self, input):
-        k, s, p, d = (nn.modules.utils._pair(v) for v in (self.kernel_size, self.stride or self.kernel_size,
-                                                         self.padding, self.dilation))
+        k, s, p, d = _pool_geometry(self)
         rows = F.max_pool2d(input, (1, k[1]), (1, s[1]), (0, p[1]), (1, d[1]), self.ceil_mode)
         return F.max_pool2d(rows, (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), self.ceil_mode)
+
+
+def _pool_geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], ...]:
+    """The pool's kernel size, stride (the kernel size where none is given), padding and dilation,
+    each as a (height, width) pair."""
+    return tuple(nn.modules.utils._pair(v) for v in (pool.kernel_size, pool.stride or pool.kernel_size,
+                                                      pool.padding, pool.dilation))
 
 
 def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
@@ -182,8 +187,7 @@ def _fusable(pool: nn.Module) -> bool:
     """A MaxPool2d that pool_kernel computes: square window, stride and padding; dilation 1."""
     if type(pool) is not nn.MaxPool2d or pool.return_indices:
         return False
-    k, s, p, d = (nn.modules.utils._pair(v) for v in (pool.kernel_size, pool.stride or pool.kernel_size,
-                                                     pool.padding, pool.dilation))
+    k, s, p, d = _pool_geometry(pool)
     return k[0] == k[1] and s[0] == s[1] and p[0] == p[1] and d == (1, 1)
 
 
@@ -192,7 +196,7 @@ def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
     the pool as one FusedReluMaxPool2d, the ReLU replaced by an nn.Identity. Neither layer has
     parameters or buffers, so the state dict keeps its keys and loads into the bare model. A pool that
     the kernels do not compute (dilation, returned indices, unequal sides) stays torch's."""
-    kernels, interpret = pool_kernel.available(), os.environ.get("TRITON_INTERPRET") == "1"
+    kernels, interpret = pool_kernel.available(), pool_kernel.interpreted()
     fused = 0
     for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
         keys = list(seq._modules)
@@ -201,9 +205,7 @@ def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
             if isinstance(relu, nn.ReLU) and _fusable(pool):
                 seq._modules[a] = nn.Identity()
                 pool.__class__ = FusedReluMaxPool2d
-                pool.kernel_size, pool.stride, pool.padding = (
-                    nn.modules.utils._pair(v)[0] for v in (pool.kernel_size, pool.stride or pool.kernel_size,
-                                                          pool.padding))
+                pool.kernel_size, pool.stride, pool.padding = (v[0] for v in _pool_geometry(pool)[:3])
                 pool.kernels, pool.interpret = kernels, interpret
                 fused += 1
     if not fused:

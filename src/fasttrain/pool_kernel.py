@@ -23,9 +23,10 @@ none. NaN follows torch too: a NaN is taken as the maximum (the last one in the 
 gradient passes, since NaN <= 0 is false. A pixel in several windows gets their gradients added
 in float32 in torch's order, then rounded once to the gradient's dtype.
 
-``enabled`` says where the kernels run: CUDA tensors (or any under TRITON_INTERPRET=1, which the
-tests use on the CPU) with Triton importable. The module ``models.FusedReluMaxPool2d`` takes torch's
-ReLU and pool elsewhere.
+The kernels are in ``pool_triton``, imported only where Triton is; this module registers them as
+torch custom operators. ``enabled`` says where they run: CUDA tensors (or any under
+TRITON_INTERPRET=1, which the tests use on the CPU) with Triton importable. The module
+``models.FusedReluMaxPool2d`` takes torch's ReLU and pool elsewhere.
 """
 
 from __future__ import annotations
@@ -45,79 +46,25 @@ def available() -> bool:
     return _kernels() is not None
 
 
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (TRITON_INTERPRET=1, as the tests do on a CPU),
+    on tensors of any device."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def enabled(x: torch.Tensor) -> bool:
-    """Whether the Triton kernels serve ``x``: a CUDA tensor (or any, under TRITON_INTERPRET=1),
-    with Triton importable."""
-    return (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and available()
+    """Whether the Triton kernels serve ``x``: a CUDA tensor (or any, interpreted), with Triton
+    importable."""
+    return (x.is_cuda or interpreted()) and available()
 
 
 @functools.cache
 def _kernels():
     try:
-        import triton
-        import triton.language as tl
+        from fasttrain import pool_triton
     except ImportError:  # a torch build without Triton
         return None
-
-    @triton.jit
-    def relu_max_pool_forward(x, out, arg, H, W, OH, OW, C,
-                              sxn, sxc, sxh, sxw, son, soc, soh, sow,
-                              K: tl.constexpr, S: tl.constexpr, P: tl.constexpr,
-                              BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-        row = tl.program_id(0)  # n * OH + oh
-        n = row // OH
-        oh = row - n * OH
-        ow = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
-        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-        inside = (ow < OW) & (c < C)
-        src = x + n.to(tl.int64) * sxn + c * sxc
-        best = tl.full([BLOCK_W, BLOCK_C], float("-inf"), tl.float32)
-        at = tl.full([BLOCK_W, BLOCK_C], 0, tl.int32)
-        for kh in tl.static_range(K):
-            h = oh * S - P + kh
-            for kw in tl.static_range(K):
-                w = ow * S - P + kw
-                ok = inside & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-                v = tl.load(src + h * sxh + w * sxw, mask=ok, other=float("-inf")).to(tl.float32)
-                take = ok & ((v > best) | (v != v))  # torch's pool: the first maximum, or a NaN
-                best = tl.where(take, v, best)
-                at = tl.where(take, kh * K + kw, at)
-        no_gradient = best <= 0.0  # ReLU's output is 0 there (NaN: false, as in threshold_backward)
-        dst = n.to(tl.int64) * son + oh * soh + ow * sow + c * soc
-        tl.store(out + dst, tl.where(no_gradient, 0.0, best).to(out.dtype.element_ty), mask=inside)
-        tl.store(arg + dst, tl.where(no_gradient, -1, at).to(tl.int8), mask=inside)
-
-    @triton.jit
-    def relu_max_pool_backward(grad_out, arg, grad_in, H, W, OH, OW, C,
-                               sgn, sgc, sgh, sgw, san, sac, sah, saw, sin, sic, sih, siw,
-                               K: tl.constexpr, S: tl.constexpr, P: tl.constexpr, FLOAT64: tl.constexpr,
-                               BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-        row = tl.program_id(0)  # n * H + h
-        n = row // H
-        h = row - n * H
-        w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
-        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-        inside = (w < W) & (c < C)
-        n64 = n.to(tl.int64)
-        if FLOAT64:  # a float64 gradient is summed in float64, any other in float32
-            acc = tl.zeros([BLOCK_W, BLOCK_C], tl.float64)
-        else:
-            acc = tl.zeros([BLOCK_W, BLOCK_C], tl.float32)
-        R: tl.constexpr = (K + S - 1) // S  # the most windows along one axis that hold a pixel
-        for i in tl.static_range(R):  # window rows ascending, then columns: torch's order
-            oh = (h + P) // S - (R - 1 - i)
-            kh = h + P - oh * S
-            row_ok = (oh >= 0) & (oh < OH) & (kh < K)
-            for j in tl.static_range(R):
-                ow = (w + P) // S - (R - 1 - j)
-                kw = w + P - ow * S
-                ok = inside & row_ok & (ow >= 0) & (ow < OW) & (kw < K)
-                a = tl.load(arg + n64 * san + oh * sah + ow * saw + c * sac, mask=ok, other=-1)
-                g = tl.load(grad_out + n64 * sgn + oh * sgh + ow * sgw + c * sgc, mask=ok, other=0.0)
-                acc += tl.where(a.to(tl.int32) == kh * K + kw, g.to(acc.dtype), 0.0)
-        tl.store(grad_in + n64 * sin + h * sih + w * siw + c * sic, acc.to(grad_in.dtype.element_ty), mask=inside)
-
-    return relu_max_pool_forward, relu_max_pool_backward
+    return pool_triton.relu_max_pool_forward, pool_triton.relu_max_pool_backward
 
 
 def output_size(size: int, kernel_size: int, stride: int, padding: int, ceil_mode: bool = False) -> int:
@@ -136,9 +83,9 @@ def _like(x: torch.Tensor, shape, dtype) -> torch.Tensor:
 
 
 def _tiles(h_rows: int, width: int, channels: int):
-    from triton import next_power_of_2  # importable: enabled() found Triton
-
-    block_c = min(next_power_of_2(channels), MAX_BLOCK_C)
+    """The grid (rows, column blocks, channel blocks) and the channel block: the next power of two
+    of `channels`, at most MAX_BLOCK_C."""
+    block_c = min(1 << max(channels - 1, 0).bit_length(), MAX_BLOCK_C)
     return (h_rows, -(-width // BLOCK_W), -(-channels // block_c)), block_c
 
 
