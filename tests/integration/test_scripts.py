@@ -89,6 +89,28 @@ def test_kernel_sass_counts_the_padded_tile_form():
     assert (int(found[1]), float(found[2])) == (527, 32.9)  # 527 x 128 / 2048 = 32.94, as the doc cites
 
 
+def test_pool_sass_tells_which_cases_a_kernel_change_moves(tmp_path):
+    """Three versions of the pool kernels compiled for sm_90 (no GPU): the repository's, a copy, and
+    one that takes the last maximum of a window (a forward change only)."""
+    source = (REPO / "src/fasttrain/pool_triton.py").read_text()
+    assert source.count("(v > best)") == 1
+    same, ties_last = tmp_path / "same.py", tmp_path / "ties_last.py"
+    same.write_text(source)
+    ties_last.write_text(source.replace("(v > best)", "(v >= best)"))
+    files = [REPO / "src/fasttrain/pool_triton.py", same, ties_last]
+    proc = subprocess.run([sys.executable, str(GPU / "pool_sass.py"), "--dtype", "bf16", *map(str, files)],
+                          capture_output=True, check=False, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    rows = [re.fullmatch(r"(forward|backward) bf16 (\d/\d/\d) c(64|16): (.*)", line) for line in lines[:-1]]
+    assert len(rows) == 12 and all(rows), proc.stdout
+    for row in rows:
+        (n0, d0), (n1, d1), (n2, d2) = re.findall(r"(\d+) instructions, sass ([0-9a-f]{12})", row[4])
+        assert int(n0) > 100 and (n0, d0) == (n1, d1), row[0]  # the same source, the same machine code
+        assert (d2 != d0) == (row[1] == "forward"), row[0]  # the change moves the forward only
+    assert lines[-1].startswith("6 of 12 cases differ from ") and "(sm_90, Triton " in lines[-1], lines[-1]
+
+
 def fast_summary(*args):
     return subprocess.run([sys.executable, str(GPU / "fast_summary.py"), *map(str, args)],
                           capture_output=True, text=True, check=False, timeout=60)
