@@ -39,6 +39,20 @@ def load_module(path: Path):
     return module
 
 
+def compiled_sass(kernel, signature: dict, consts: dict, arch: int) -> str:
+    """The kernel's SASS for sm_ARCH, compiled ahead of time by Triton's compiler and ptxas with
+    NUM_WARPS warps; `consts` are its constexpr arguments by name."""
+    names = kernel.arg_names
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": NUM_WARPS})
+    return get_sass(compiled.asm["cubin"])
+
+
+def instructions(sass: str) -> int:
+    """SASS instructions, NOPs left out."""
+    return sum(1 for line in sass.splitlines() if INSTRUCTION.match(line))
+
+
 def per_value(path: Path, arch: int, block: int | None, channels: int | None = None) -> tuple[int, int, float]:
     module = load_module(path)
     kernel = module._kernel()
@@ -61,10 +75,7 @@ def per_value(path: Path, arch: int, block: int | None, channels: int | None = N
             signature[name] = "fp32"
         else:
             signature[name] = "i32"  # the element / pixel count
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": NUM_WARPS})
-    count = sum(1 for line in get_sass(compiled.asm["cubin"]).splitlines() if INSTRUCTION.match(line))
+    count = instructions(compiled_sass(kernel, signature, consts, arch))
     values = block * c_out if per_pixel else block  # (c_out is C for a kernel without C_OUT: checked above)
     return count, values, count * NUM_WARPS * 32 / values
 

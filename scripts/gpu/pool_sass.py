@@ -23,12 +23,9 @@ import sys
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.tools.disasm import get_sass
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_sass import INSTRUCTION, REPO, load_module  # noqa: E402 (this folder's sibling)
+from kernel_sass import REPO, compiled_sass, instructions, load_module  # noqa: E402 (this folder's sibling)
 
 sys.path.insert(0, str(REPO / "src"))
 from fasttrain.pool_kernel import BLOCK_W, MAX_BLOCK_C  # noqa: E402 (the tiles the kernels are launched with)
@@ -58,12 +55,10 @@ def machine_code(module, way: str, dtype: str, consts: dict, arch: int) -> tuple
     else:
         kernel, pointers = backward, {"grad_out": dtype, "arg": "i8", "grad_in": dtype}
         consts = {**consts, "FLOAT64": dtype == "fp64"}
-    names = kernel.arg_names
-    signature = {n: f"*{pointers[n]}" if n in pointers else "constexpr" if n in consts else "i32" for n in names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()})
-    sass = get_sass(triton.compile(source, target=GPUTarget("cuda", arch, 32)).asm["cubin"])
-    count = sum(1 for line in sass.splitlines() if INSTRUCTION.match(line))
-    return count, hashlib.sha256(sass.encode()).hexdigest()[:12]
+    signature = {n: f"*{pointers[n]}" if n in pointers else "constexpr" if n in consts else "i32"
+                 for n in kernel.arg_names}
+    sass = compiled_sass(kernel, signature, consts, arch)  # 4 warps: Triton's default, which pool_kernel launches with
+    return instructions(sass), hashlib.sha256(sass.encode()).hexdigest()[:12]
 
 
 def main() -> None:
@@ -73,15 +68,14 @@ def main() -> None:
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="only this tensor type's cases")
     args = parser.parse_args()
     modules = [load_module(path) for path in args.files]
-    differ = []
-    for name, way, dtype, consts in cases([args.dtype] if args.dtype else DTYPES):
+    todo, differ = list(cases([args.dtype] if args.dtype else DTYPES)), []
+    for name, way, dtype, consts in todo:
         codes = [machine_code(module, way, dtype, consts, args.arch) for module in modules]
         print(f"{name}: " + "; ".join(f"{count} instructions, sass {digest}" for count, digest in codes), flush=True)
         if any(digest != codes[0][1] for _, digest in codes[1:]):
             differ.append(name)
     if len(modules) > 1:
-        total = sum(1 for _ in cases([args.dtype] if args.dtype else DTYPES))
-        print(f"{len(differ)} of {total} cases differ from {args.files[0]}'s machine code (sm_{args.arch}, "
+        print(f"{len(differ)} of {len(todo)} cases differ from {args.files[0]}'s machine code (sm_{args.arch}, "
               f"Triton {triton.__version__})" + (f": {', '.join(differ)}" if differ else ""))
 
 
