@@ -26,9 +26,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 import torch
-import torchvision
 from PIL import Image, UnidentifiedImageError
-from torchvision.datasets.utils import calculate_md5, check_integrity, download_url
+
+from fasttrain.vision import torchvision  # first: torchvision without torch._dynamo
+
+from torchvision.datasets.utils import calculate_md5, check_integrity, download_url  # noqa: E402
 
 try:  # deprecated since torchvision 0.29 (moving to TorchCodec); PIL alone still works when it is gone
     from torchvision.io import ImageReadMode, decode_image

@@ -53,7 +53,7 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     groups: list = list(raw.parameters())
     if overlap:
         late = late_part(raw)
-        late.register_forward_pre_hook(_compiled_apart)
+        late.register_forward_pre_hook(torch.compiler.disable(_compiled_apart))  # (imports torch._dynamo)
         late_ids = {id(p) for p in late.parameters()}
         groups = [{"params": [p for p in raw.parameters() if id(p) not in late_ids]},  # EARLY
                   {"params": list(late.parameters())}]  # LATE
@@ -131,9 +131,8 @@ class LateStep:
         self.optimizer.step_group(EARLY)
 
 
-@torch.compiler.disable
 def _compiled_apart(module: nn.Module, args: tuple) -> None:
-    """A forward pre-hook that torch.compile does not trace: the compiled graph breaks before the late
+    """A forward pre-hook that torch.compile does not trace (torch.compiler.disable): the compiled graph breaks before the late
     part, which becomes a graph of its own, and so does its backward, so the late part's gradients are
     accumulated before the backward of the layers before it starts (one graph would hand every
     gradient over at its end)."""

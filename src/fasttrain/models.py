@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from fasttrain import pool_kernel
 from fasttrain.errors import FasttrainError
+from fasttrain.vision import torchvision
 
 
 @functools.cache
@@ -233,25 +235,57 @@ def relu_after_pools(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
+class _NoInitialisation(TorchFunctionMode):
+    """While a model is built on the meta device: its initialisation (torch.nn.init, and in-place
+    tensor methods such as normal_) is skipped. In place on a meta tensor it changes nothing that
+    a meta tensor has, and some of it would run torch's reference ops, whose first call imports all
+    of torch._dynamo: seconds of every train stage's start-up."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        initialises = getattr(func, "__module__", "") == "torch.nn.init" or (
+            name.endswith("_") and not name.startswith("_") and name not in ("resize_", "set_", "requires_grad_"))
+        first = args[0] if args else kwargs.get("tensor")
+        if initialises and isinstance(first, torch.Tensor) and first.is_meta:
+            return first
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Modules built inside are on the meta device and not initialised: their shapes for free."""
+    with torch.device("meta"), _NoInitialisation():
+        yield
+
+
+def _shape_probe(name: str) -> nn.Module:
+    """The model for the shapes it accepts alone: built on_meta, then given uninitialised CPU
+    memory, so a check costs a forward of one image and no more."""
+    with on_meta():
+        model = build_model(name, 10)
+    return model.to_empty(device="cpu").eval()
+
+
+def _accepts(model: nn.Module, size: int) -> bool:
+    try:
+        with torch.inference_mode():
+            model(torch.zeros(1, 3, size, size))
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
 @functools.cache
 def min_img_size(name: str, limit: int = 512) -> int:
-    """The smallest square input the model accepts, found by forwards on the meta device (free)."""
-    model = build_model(name, 10).to("meta").eval()
-
-    def accepts(size: int) -> bool:
-        try:
-            with torch.no_grad():
-                model(torch.empty(1, 3, size, size, device="meta"))
-            return True
-        except (RuntimeError, ValueError):
-            return False
-
-    if not accepts(limit):
+    """The smallest square input the model accepts (forwards of one image on the CPU)."""
+    model = _shape_probe(name)
+    if not _accepts(model, limit):
         return limit + 1
     lo, hi = 1, limit  # invariant: accepts(hi), and everything <= lo - 1 is rejected
     while lo < hi:
         mid = (lo + hi) // 2
-        if accepts(mid):
+        if _accepts(model, mid):
             hi = mid
         else:
             lo = mid + 1
@@ -259,6 +293,8 @@ def min_img_size(name: str, limit: int = 512) -> int:
 
 
 def check_img_size(name: str, img_size: int, key: str = "train.img_size") -> None:
+    if _accepts(_shape_probe(name), img_size):  # one forward; the search only to say what is too small
+        return
     smallest = min_img_size(name)
     if img_size < smallest:
         raise FasttrainError(f"{key} = {img_size} is too small for {name}: it needs at least {smallest}")

@@ -33,7 +33,7 @@ from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache
                               input_channels, input_dtype, nondeterministic_ops_recorded, overlap_unavailable_reason,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
-from fasttrain.models import build_model, check_img_size, with_switches
+from fasttrain.models import build_model, check_img_size, on_meta, with_switches
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
@@ -59,7 +59,7 @@ def check_train(params: config.Params, world_size: int) -> None:
     if cfg.space_to_depth and cfg.pad_channels:
         raise FasttrainError("train.space_to_depth and train.pad_channels are both true: choose one "
                              "(space-to-depth's 48 channels need no padding): set pad_channels to false")
-    with torch.device("meta"):  # every model switch the model cannot take, as training would build it (free)
+    with on_meta():  # every model switch the model cannot take, as training would build it (free)
         with_switches(build_model(params.model.name, 10), cfg, params.model.name)
     if cfg.batch_size < world_size:
         raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
