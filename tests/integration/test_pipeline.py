@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from scratch import run, set_params
+from stage_imports import PACKAGE, command_modules, module_file, package_modules
 from test_plots_browser import assert_draws_offline
 
 from fasttrain.layout import VARIANTS
@@ -62,6 +63,7 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
 
     second = run(["dvc", "repro"], tiny_repo)
     assert stages_run(second.stdout) == [], second.stdout
+    assert_each_module_edit_makes_its_stages_stale(tiny_repo)
 
     # Changing train.lr makes every train stage stale and never download (DVC's own account;
     # test_params_keys.py checks every key this way). One of them run again makes its evaluate stage
@@ -82,6 +84,30 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
     assert changed["final_train_loss"]["diff"] != 0
     assert "metrics/train/single-bf16.json" not in diff  # not run again: unchanged
     assert yaml.safe_load((tiny_repo / "params.yaml").read_text())["train"]["lr"] == 5e-3
+
+
+def assert_each_module_edit_makes_its_stages_stale(repo):
+    """A one-line change to any module of src/fasttrain makes exactly the stages that run it stale
+    (their import closure, tests/stage_imports.py), and nothing else: DVC's own status, asked in this
+    process, one module at a time."""
+    from dvc.repo import Repo
+
+    stages = {"download": ["download"], "compare": ["compare"],
+              "train": [f"train@{v}" for v in VARIANTS], "evaluate": [f"evaluate@{v}" for v in VARIANTS]}
+    runs = {command: command_modules(command) for command in stages}
+    for module in package_modules():
+        path = repo / module_file(module).relative_to(PACKAGE.parents[1])
+        original = path.read_bytes()
+        path.write_bytes(original + b"# edited\n")
+        try:
+            with Repo(str(repo)) as dvc:
+                stale = sorted(name.split("dvc.yaml:")[-1] for name in dvc.status())  # (path-qualified outside cwd)
+        finally:
+            path.write_bytes(original)
+        expected = sorted(s for command, names in stages.items() if module in runs[command] for s in names)
+        assert stale == expected, f"an edit to {path.name} made {stale} stale, not {expected}"
+    with Repo(str(repo)) as dvc:
+        assert dvc.status() == {}
 
 
 # resnet18 learns the stripes' orientation from 1,024 images in one epoch: 0.27-0.63 test accuracy
