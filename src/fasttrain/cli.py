@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 import threading
+from pathlib import Path
 
 import click
 
@@ -79,6 +80,7 @@ def run() -> None:
     compile threads, to end), the other threads joined, the atexit handlers run (inductor's compile
     processes, logging), stdout and stderr flushed. An exception main() does not catch (a bug) ends
     as usual, with its traceback."""
+    cache_bytecode()
     try:
         main()
         status = 0
@@ -92,6 +94,34 @@ def run() -> None:
         except (OSError, ValueError):  # a closed pipe or file: nothing more can reach it
             pass
     os._exit(status)
+
+
+BYTECODE_CACHE = "FASTTRAIN_BYTECODE_CACHE"  # a folder, or "off"; default $XDG_CACHE_HOME/fasttrain/bytecode
+
+
+def cache_bytecode() -> None:
+    """Where torch's modules have no cached bytecode and Python will not write it (PYTHONDONTWRITEBYTECODE,
+    as many container images set, or a read-only site-packages), every process compiles torch from
+    source again: 5-9 s of each stage's start-up on an H200 host (scripts/time_to_answer.py). Then
+    this process keeps its bytecode in a cache folder of its own instead (sys.pycache_prefix, Python's
+    PYTHONPYCACHEPREFIX), outside the source tree, and later processes read it from there. An
+    interpreter that has torch's bytecode, or a PYTHONPYCACHEPREFIX of its own, is left as it is;
+    FASTTRAIN_BYTECODE_CACHE names another folder, or turns it off."""
+    import importlib.util
+
+    choice = os.environ.get(BYTECODE_CACHE, "")
+    if choice == "off" or sys.pycache_prefix is not None:
+        return
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    writable = os.access(cached.parent if cached.parent.is_dir() else cached.parents[1], os.W_OK)
+    if cached.is_file() or (writable and not sys.dont_write_bytecode):
+        return
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fasttrain" / "bytecode"
+    sys.pycache_prefix = str(Path(choice).resolve() if choice else default)
+    sys.dont_write_bytecode = False
 
 
 def _exit_status(code) -> int:
