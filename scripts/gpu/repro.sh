@@ -21,6 +21,8 @@
 # results.tar.gz (metrics/, plots/, dvc.lock, params.yaml). FT_TARGETS (environment): the stages
 # `dvc repro` makes (default: all), e.g. "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
 # A run longer than one command may last can go through scripts/gpu/detached.sh with OUT=DIR/out.
+# FT_TIME=1 (environment): `dvc repro` and each `make fast` experiment run under
+# scripts/time_to_answer.py, whose tables (wall, work and fixed cost per stage) go to OUT/time_to_answer.md.
 set -u -o pipefail
 [ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT SECONDS [--queue J] [--fast \"SEEDS\"] [k=v ...]" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -90,7 +92,9 @@ fi
 
 # dvc repro in a process group of its own: at the time limit the whole group gets SIGINT, as from
 # Ctrl-C, so the running stage stops cleanly and its last checkpoint is what the next call resumes.
-setsid dvc repro ${FT_TARGETS:-} > "$out/repro.raw" 2>&1 &
+timer=()
+[ -z "${FT_TIME:-}" ] || timer=(python3 scripts/time_to_answer.py --out "$out/time_to_answer.md" --)
+setsid "${timer[@]}" dvc repro ${FT_TARGETS:-} > "$out/repro.raw" 2>&1 &
 pid=$!
 # The watchdog is a process group of its own too, so that its sleep ends with it (a sleep left
 # behind would hold this script's stdout open for its caller).
@@ -107,8 +111,8 @@ echo "dvc repro exit status $status"
 if [ -n "$seeds" ] && [ $status -eq 0 ]; then
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "classic recipe" || true
   for seed in $seeds; do  # exactly what `make fast` runs, one experiment per seed
-    dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "train.seed=$seed" \
-      ${FT_FAST_EXTRA:-} train@single-bf16 evaluate@single-bf16 2>&1 | grep -v -i -e warning -e "warn(" | tail -4 | tee -a "$out/fast.log"
+    "${timer[@]}" dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "train.seed=$seed" \
+      ${FT_FAST_EXTRA:-} train@single-bf16 evaluate@single-bf16 2>&1 | grep -v -i -e warning -e "warn(" | tail -${FT_TIME:+14}4 | tee -a "$out/fast.log"
   done
   dvc exp show --json > "$out/fast-experiments.json"
 fi

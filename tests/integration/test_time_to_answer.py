@@ -1,0 +1,34 @@
+"""scripts/time_to_answer.py on a real `dvc repro` of a scratch repository: its table's figures are
+the stages' own metrics, and its split adds up."""
+
+import json
+import sys
+
+import pytest
+
+from scratch import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_time_to_answer_splits_each_stage_into_work_fixed_cost_and_the_time_around(tiny_repo, tmp_path):
+    out = tmp_path / "tta.md"
+    proc = run([sys.executable, "scripts/time_to_answer.py", "--out", str(out), "--", "dvc", "repro",
+                "evaluate@single-fp32"], tiny_repo, timeout=600)
+    assert "Running stage 'train@single-fp32'" in proc.stdout  # the command's own output, passed on
+    text = out.read_text()
+    assert text.startswith("\n## ") and "`dvc repro evaluate@single-fp32`" in text
+    rows = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
+    ) if cells[0] != "stage"}
+    assert list(rows) == ["download", "train@single-fp32", "evaluate@single-fp32"]
+    train = json.loads((tiny_repo / "metrics/train/single-fp32.json").read_text())["process_seconds"]
+    wall, process, work, fixed, around = (float(x) for x in rows["train@single-fp32"][:5])
+    assert process == pytest.approx(train["total"], abs=0.051)
+    assert work == pytest.approx(train["train"] + train["eval"], abs=0.051)
+    assert fixed == pytest.approx(process - work, abs=0.11) and around == pytest.approx(wall - process, abs=0.11)
+    assert 0 < process < wall
+    assert rows["download"][1] == ""  # no process_seconds in its outputs: its wall alone
+    # a second run that runs nothing says so
+    again = run([sys.executable, "scripts/time_to_answer.py", "--", "dvc", "repro", "evaluate@single-fp32"], tiny_repo)
+    assert "0 stage(s) run" in again.stdout
