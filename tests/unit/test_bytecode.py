@@ -21,7 +21,7 @@ def fake_torch(tmp_path) -> Path:
 
 def prefix(fake_torch: Path, **env) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")} | {
-        "PYTHONPATH": str(fake_torch), "XDG_CACHE_HOME": str(fake_torch / "cache"), **env}
+        "PYTHONPATH": os.pathsep.join([str(fake_torch), *filter(None, [os.environ.get("PYTHONPATH")])]), "XDG_CACHE_HOME": str(fake_torch / "cache"), **env}
     proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True)
     return proc.stdout.strip()
 
