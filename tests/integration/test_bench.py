@@ -91,15 +91,20 @@ def test_ratios_and_mfu_by_hand(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench, "time_steps", time_steps)
     peak_sizes = []
-    monkeypatch.setattr(bench, "matmul_peak_tflops", lambda device, size: (peak_sizes.append(size), 2.0)[1])
+    # a CPU without native bf16 multiplies fp32 faster: utilisation is of the faster of the two
+    peaks = {torch.bfloat16: 1.0, torch.float32: 2.0}
+    monkeypatch.setattr(bench, "matmul_peak_tflops", lambda device, size, dtype=torch.bfloat16: (
+        peak_sizes.append((size, dtype)), peaks[dtype])[1])
     monkeypatch.setattr(bench, "flops_per_image", lambda name, size, classes: 4e9)
     params, layout = _bench_fixture(tmp_path)
-    (case,) = bench.bench(params, [bench.parse_case("16:bf16")], layout, rounds=3, log=lambda msg: None)["cases"]
+    result = bench.bench(params, [bench.parse_case("16:bf16")], layout, rounds=3, log=lambda msg: None)
+    assert result["bf16_matmul_peak_tflops"] == 1.0 and result["matmul_peak_tflops"] == 2.0
+    (case,) = result["cases"]
     assert {name: (p["images_per_second"], p["model_flop_utilisation"]) for name, p in case["paths"].items()} == {
         "torchvision_workers_0": (100.0, 0.2), "gpu_loader": (300.0, 0.6), "compute_ceiling": (400.0, 0.8)}
     assert case["gpu_loader_over_torchvision_workers_0"] == 3.0 and case["gpu_loader_over_compute_ceiling"] == 0.75
     assert all(r == [] for r in rounds.values())  # every round of every path timed
-    assert peak_sizes == [512]  # bench's default matmul_size, 8192, capped on the CPU
+    assert peak_sizes == [(512, torch.bfloat16), (512, torch.float32)]  # the default 8192, capped on the CPU
 
 
 @pytest.mark.parametrize("case", ["64:fp8", "64:amp:compile=reduce-overhead", "64:amp:jit"])
