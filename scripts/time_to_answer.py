@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a user waits for, and for what: run a pipeline command (`dvc repro`, `make fast SEED=3`) and
-print, per stage, DVC's wall for it, the fasttrain process's own seconds (its metrics'
+print, per stage, DVC's wall for it, the fasttrain process's own seconds (its diagnostics'
 `process_seconds`), the training work in them (epochs and their test-set evaluation; an evaluate
 stage's evaluation), the process's fixed cost (the rest) and the time around the process (DVC, the
 ddp launcher, the process's start before Python and its exit).
@@ -9,8 +9,8 @@ ddp launcher, the process's start before Python and its exit).
     python scripts/time_to_answer.py -- make fast SEED=3
 
 Stages are told apart by DVC's "Running stage" lines; each lasts until the next one or the command's
-end. Their metrics are read from the workspace, or, after `dvc exp run --temp` (make fast), from the
-newest experiment (`dvc exp show --json`). Standard library only.
+end. Their diagnostics are read from the workspace, or, after `dvc exp run --temp` (make fast), from
+DVC's cache, by the hash the newest experiment recorded (`dvc exp show --json`). Standard library only.
 """
 
 from __future__ import annotations
@@ -43,22 +43,23 @@ def run_timed(command: list[str]) -> tuple[float, list[tuple[str, float]], int]:
     return time.perf_counter() - start, stages, status
 
 
-def metrics_path(stage: str) -> Path | None:
+def diagnostics_path(stage: str) -> Path | None:
     kind, _, variant = stage.partition("@")
-    return Path("metrics") / {"train": "train", "evaluate": "eval"}[kind] / f"{variant}.json" if variant else None
+    return Path("diagnostics") / {"train": "train", "evaluate": "eval"}[kind] / f"{variant}.json" if variant else None
 
 
-def _newest_experiment_metrics() -> dict[str, dict]:
-    """path -> metrics of the newest experiment that has any (dvc exp show --json)."""
+def _newest_experiment_outputs() -> dict[str, Path]:
+    """path -> the file in DVC's cache of each output of the newest experiment (dvc exp show --json)."""
     out = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True, check=False).stdout
+    cache = subprocess.run(["dvc", "cache", "dir"], capture_output=True, text=True, check=False).stdout.strip()
     best: tuple[str, dict] = ("", {})
 
     def visit(node):
         nonlocal best
         if isinstance(node, dict):
             data = node.get("data")
-            if isinstance(data, dict) and data.get("metrics") and (data.get("timestamp") or "") > best[0]:
-                best = (data.get("timestamp") or "", data["metrics"])
+            if isinstance(data, dict) and data.get("outs") and (data.get("timestamp") or "") > best[0]:
+                best = (data.get("timestamp") or "", data["outs"])
             for v in node.values():
                 visit(v)
         elif isinstance(node, list):
@@ -69,7 +70,9 @@ def _newest_experiment_metrics() -> dict[str, dict]:
         visit(json.loads(out or "[]"))
     except json.JSONDecodeError:
         return {}
-    return {path: entry.get("data", {}) for path, entry in best[1].items()}
+    # DVC 3's cache layout: files/md5/<first two hex digits>/<the rest>
+    return {path: Path(cache or ".dvc/cache") / "files" / "md5" / entry["hash"][:2] / entry["hash"][2:]
+            for path, entry in best[1].items() if isinstance(entry, dict) and entry.get("hash")}
 
 
 def stage_rows(wall: float, stages: list[tuple[str, float]], started: float) -> list[dict]:
@@ -78,14 +81,15 @@ def stage_rows(wall: float, stages: list[tuple[str, float]], started: float) -> 
     for i, (stage, at) in enumerate(stages):
         end = stages[i + 1][1] if i + 1 < len(stages) else wall
         row = {"stage": stage, "wall": end - at, "process": None, "work": None}
-        path = metrics_path(stage)
-        metrics = None
-        if path and path.is_file() and path.stat().st_mtime >= started:
-            metrics = json.loads(path.read_text())
-        elif path:
-            experiment = _newest_experiment_metrics() if experiment is None else experiment
-            metrics = experiment.get(path.as_posix())
-        phases = (metrics or {}).get("process_seconds")
+        path = diagnostics_path(stage)
+        if path and not (path.is_file() and path.stat().st_mtime >= started):
+            experiment = _newest_experiment_outputs() if experiment is None else experiment
+            path = experiment.get(path.as_posix())
+        try:
+            record = json.loads(path.read_text()) if path else None
+        except (OSError, json.JSONDecodeError):
+            record = None
+        phases = (record or {}).get("process_seconds")
         if isinstance(phases, dict) and "total" in phases:
             row["process"] = phases["total"]
             row["work"] = phases.get("train", 0.0) + phases.get("eval", 0.0)

@@ -52,7 +52,9 @@ one() {  # one run: config number $1, config $2, seed $3; its log is printed in 
     t2=$(date +%s.%N)
     python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n $t0 $t1 $t2 <<'PY'
 import datetime, json, sys
-t = json.load(open("metrics/train/single-bf16.json")); e = json.load(open("metrics/eval/single-bf16.json"))
+def record(stage):  # headline metrics and diagnostics, one dict
+    return {k: v for top in ("diagnostics", "metrics") for k, v in json.load(open(f"{top}/{stage}/single-bf16.json")).items()}
+t, e = record("train"), record("eval")
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
 row["overrides"] = sys.argv[2]

@@ -36,9 +36,9 @@ import glob, json, sys
 found = glob.glob("metrics/train/*.json")
 if not found:
     sys.exit(print("MULTI none: the run wrote no metrics"))
-t = json.load(open(found[0]))
+t = {**json.load(open(found[0].replace("metrics/", "diagnostics/", 1))), **json.load(open(found[0]))}
 keep = ("variant", "batch_size", "world_size", "device_count", "epochs", "epoch_seconds", "images_per_second",
-        "peak_memory_mb", "final_test_accuracy", "device", "torch_version", "warnings")
+        "peak_memory_mb", "test_accuracy", "device", "torch_version", "warnings")
 row = {"run": sys.argv[2], "loader": sys.argv[3], **{k: t.get(k) for k in keep}}
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("MULTI", json.dumps(row))
 PY

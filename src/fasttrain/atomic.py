@@ -124,3 +124,11 @@ def atomic_write_text(path: Path, text: str, what: str = "a file") -> None:
 
 def atomic_write_json(path: Path, obj, what: str = "a file") -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", what)
+
+
+def write_record(record: dict, headline: tuple[str, ...], metrics: Path, diagnostics: Path, what: str) -> None:
+    """A stage's record in two files: its headline figures, a DVC metric, and the rest, an output that
+    is not one (read by compare, scripts and people looking into a run). The diagnostics go first: a
+    metrics file whose diagnostics are missing is never left."""
+    atomic_write_json(diagnostics, {k: v for k, v in record.items() if k not in headline}, f"the {what} diagnostics")
+    atomic_write_json(metrics, {k: record[k] for k in headline}, f"the {what} metrics")

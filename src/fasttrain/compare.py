@@ -27,7 +27,7 @@ def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise FasttrainError(f"metrics not found: {path}; run the train and evaluate stages first (dvc repro)") from None
+        raise FasttrainError(f"{path} not found; run the train and evaluate stages first (dvc repro)") from None
     except json.JSONDecodeError as e:
         raise FasttrainError(f"{path} is not valid JSON: {e}") from None
 
@@ -36,18 +36,19 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
     rows = []
     for variant in variants:
         tr, ev = _read(layout.train_metrics(variant)), _read(layout.eval_metrics(variant))
+        more = _read(layout.train_diagnostics(variant))
         rows.append({"variant": variant, "epoch_seconds": tr["epoch_seconds"],
-                     "first_epoch_seconds": tr["first_epoch_seconds"], "images_per_second": tr["images_per_second"],
+                     "first_epoch_seconds": more["first_epoch_seconds"], "images_per_second": tr["images_per_second"],
                      "peak_memory_mb": tr["peak_memory_mb"], "test_accuracy": ev["test_accuracy"],
-                     "world_size": tr["world_size"], "device_count": tr["device_count"],
-                     "warnings": tr.get("warnings", [])})
+                     "world_size": more["world_size"], "device_count": more["device_count"],
+                     "warnings": more.get("warnings", [])})
     base = next((r for r in rows if r["variant"] == BASELINE), None)
     if base is None:
         raise FasttrainError(f"the baseline {BASELINE} is not among the compared variants: {', '.join(variants)}")
     for r in rows:
         r["speedup"] = round(r["images_per_second"] / base["images_per_second"], 3)
         r["accuracy_change"] = round(100 * (r["test_accuracy"] - base["test_accuracy"]), 2)
-    first = _read(layout.train_metrics(variants[0]))
+    first = _read(layout.train_diagnostics(variants[0]))
     return {"baseline": BASELINE, "device": first["device"], "torch_version": first["torch_version"],
             "rows": rows}
 

@@ -81,9 +81,14 @@ class TrainConfig:
     label_smoothing: float = 0.0  # cross-entropy label smoothing in training (evaluation loss never smooths)
     fused_adamw: bool = True  # fused AdamW kernel (CUDA only)
     cudnn_benchmark: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a run is watched, checkpointed and restarted, not what it computes: no stage lists it."""
     log_every_steps: int = 50  # loss/lr logged to TensorBoard every N optimizer steps
-    max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
     checkpoint_every: int = 5  # epochs between training checkpoints (none after the last epoch)
+    max_restarts: int = 0  # ddp: torchrun restarts a failed worker group this often, resuming from the checkpoint
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,11 @@ class Params:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
+
+# keys that have moved: an older params.yaml gets told where to, not just "unknown key"
+MOVED = {f"train.{k}": f"run.{k}" for k in ("log_every_steps", "checkpoint_every", "max_restarts")}
 
 # (section, key) -> (predicate, what the valid values are)
 _RANGES = {
@@ -128,10 +137,10 @@ _RANGES = {
     ("train", "device"): (lambda v: v in DEVICES, "one of " + ", ".join(DEVICES)),
     ("train", "compile_mode"): (lambda v: v in COMPILE_MODES, "one of " + ", ".join(COMPILE_MODES)),
     ("train", "label_smoothing"): (lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    ("train", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
-    ("train", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
-    ("train", "checkpoint_every"): (lambda v: v >= 1, "an integer >= 1 (epochs)"),
     ("evaluate", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),
+    ("run", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
+    ("run", "checkpoint_every"): (lambda v: v >= 1, "an integer >= 1 (epochs)"),
+    ("run", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
 }
 
 
@@ -181,6 +190,9 @@ def _section(cls, section: str, raw) -> object:
         raise FasttrainError(f"params section '{section}' must be a mapping, got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
+    moved = [f"{section}.{k}" for k in unknown if f"{section}.{k}" in MOVED]
+    if moved:
+        raise FasttrainError(f"params key '{moved[0]}' is now '{MOVED[moved[0]]}': move it there")
     if unknown:
         raise FasttrainError(f"unknown key '{section}.{unknown[0]}' in params; valid keys: {', '.join(fields)}")
     values = {}
@@ -202,7 +214,8 @@ def from_dict(raw) -> Params:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise FasttrainError("params file must be a mapping of sections: data, model, train, evaluate")
+        raise FasttrainError("params file must be a mapping of sections: "
+                             + ", ".join(f.name for f in dataclasses.fields(Params)))
     sections = {f.name: f for f in dataclasses.fields(Params)}
     unknown = sorted(set(raw) - set(sections))
     if unknown:

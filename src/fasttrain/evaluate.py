@@ -65,6 +65,10 @@ def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: paral
     return EvalResult(float(loss_sum), confusion.view(num_classes, num_classes).cpu())
 
 
+# the record's headline figures: metrics/eval/<variant>.json; the rest is diagnostics/eval/<variant>.json
+HEADLINE = ("test_accuracy", "test_loss", "test_images")
+
+
 def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, layout: Layout) -> dict:
     variant = f"{rt.parallel}-{precision.name}"
     with clock.phase("prepare"):  # the data set and the model
@@ -102,7 +106,8 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
     if rt.is_main:
         atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(result.confusion, dataset.classes),
                                  "the confusion matrix")
-        atomic.atomic_write_json(layout.eval_metrics(variant), metrics, "the evaluation metrics")
+        atomic.write_record(metrics, HEADLINE, layout.eval_metrics(variant), layout.eval_diagnostics(variant),
+                            "evaluation")
     parallel.barrier(rt)
     return metrics
 

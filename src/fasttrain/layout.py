@@ -40,8 +40,14 @@ class Layout:
     def train_plot(self, variant: str) -> Path:
         return self.root / "plots" / "train" / f"{variant}.csv"
 
+    def train_diagnostics(self, variant: str) -> Path:
+        return self.root / "diagnostics" / "train" / f"{variant}.json"
+
     def eval_metrics(self, variant: str) -> Path:
         return self.root / "metrics" / "eval" / f"{variant}.json"
+
+    def eval_diagnostics(self, variant: str) -> Path:
+        return self.root / "diagnostics" / "eval" / f"{variant}.json"
 
     def confusion_plot(self, variant: str) -> Path:
         return self.root / "plots" / "confusion" / f"{variant}.csv"

@@ -227,7 +227,7 @@ def launch_srun(module_argv: list[str], nproc: int, nnodes: int, max_restarts: i
     variables (placement). Task 0, the global rank 0 that writes, runs on the allocation's first node,
     the one a batch script runs on. srun ends the step when a task fails (--kill-on-bad-exit)."""
     if max_restarts:
-        print(f"fasttrain: train.max_restarts = {max_restarts} is torchrun's; under srun a failed run is "
+        print(f"fasttrain: run.max_restarts = {max_restarts} is torchrun's; under srun a failed run is "
               "resumed by running it again (sbatch --requeue)", file=sys.stderr)
     cmd = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes * nproc}", f"--ntasks-per-node={nproc}",
            "--kill-on-bad-exit=1", sys.executable, "-m", "fasttrain", *module_argv]

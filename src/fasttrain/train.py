@@ -75,9 +75,9 @@ def resolved_config(params: config.Params, parallel_name: str, precision_name: s
     # dependency of the stage as a file)
     resolved = {"data": {k: getattr(params.data, k) for k in ("loader", "augment", "workers", "pin_memory")},
                 "model": config.to_dict(params.model), "train": config.to_dict(params.train)}
-    # how a run is watched, restarted, checkpointed or launched, not what it computes
-    for key in ("log_every_steps", "max_restarts", "checkpoint_every", "cuda_graphs"):
-        resolved["train"].pop(key)
+    # how the step is launched, not what it computes: a checkpoint of a graphed run resumes eagerly (the
+    # run: section, how a run is watched, checkpointed and restarted, is not in here at all)
+    resolved["train"].pop("cuda_graphs")
     resolved["variant"] = {"parallel": parallel_name, "precision": precision_name, "world_size": world_size}
     return resolved
 
@@ -254,7 +254,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                 if whole:
                     _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
                 # none after the last epoch: the final model is written next, and a finished run is never resumed
-                due = stop.stopping or run.state.epoch % run.cfg.checkpoint_every == 0
+                due = stop.stopping or run.state.epoch % run.params.run.checkpoint_every == 0
                 if due and run.state.epoch < run.cfg.epochs:
                     with clock.phase("checkpoints"):
                         _save_checkpoint(run, None if whole else (steps, seconds))
@@ -505,7 +505,7 @@ def _write_step_scalars(run: _Run, summary: dict) -> None:
     """Per-step TensorBoard scalars, from the epoch's log: no sync inside the epoch."""
     if run.writer is None:
         return
-    first, every = run.state.global_step, run.cfg.log_every_steps
+    first, every = run.state.global_step, run.params.run.log_every_steps
     for i, loss_value in enumerate(summary["losses"]):
         global_step = first + i + 1
         if global_step % every == 0:
@@ -538,9 +538,8 @@ def _write_progress(run: _Run) -> None:
     atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
                              "the per-epoch table")
     atomic.atomic_write_json(run.layout.train_metrics(run.variant), {
-        "variant": run.variant, "parallel": run.rt.parallel, "precision": run.precision.name,
-        "epochs": last.epoch, "epochs_planned": run.cfg.epochs, "train_loss": round(last.train_loss, 6),
-        "test_accuracy": last.test_accuracy}, "the training metrics")
+        "epochs": last.epoch, "train_seconds": round(sum(r.seconds for r in run.state.history), 3),
+        "train_loss": round(last.train_loss, 6), "test_accuracy": last.test_accuracy}, "the training metrics")
 
 
 def _finish(run: _Run, wall_start: float) -> dict:
@@ -557,7 +556,8 @@ def _finish(run: _Run, wall_start: float) -> dict:
     if rt.is_main:
         atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
                                  "the per-epoch table")
-        atomic.atomic_write_json(run.layout.train_metrics(run.variant), metrics, "the training metrics")
+        atomic.write_record(metrics, HEADLINE, run.layout.train_metrics(run.variant),
+                     run.layout.train_diagnostics(run.variant), "training")
         hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
                    "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
                    **{k: v for k, v in config.to_dict(run.cfg).items() if k in HPARAM_KEYS},
@@ -579,7 +579,12 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
                "space_to_depth", "separable_max_pool", "relu_after_pool", "fused_max_pool", "overlap_optimizer", "compile",
                "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
-HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "final_train_loss", "final_test_accuracy")
+HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
+
+# the record's headline figures: metrics/train/<variant>.json, what `dvc metrics show` and `dvc metrics
+# diff` print; the rest of it (phases, compile and capture, warnings, lists) is diagnostics/train/
+HEADLINE = ("epochs", "train_seconds", "epoch_seconds", "images_per_second", "peak_memory_mb",
+            "train_loss", "test_accuracy")
 
 
 def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) -> None:
@@ -682,8 +687,8 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
         "capture_seconds_each": run.step.seconds_each if isinstance(run.step, graphs.GraphedStep) else None,
         "deterministic": cfg.deterministic,
         "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
-        "final_train_loss": round(h[-1].train_loss, 6),
-        "final_test_accuracy": h[-1].test_accuracy,
+        "train_loss": round(h[-1].train_loss, 6),  # the last epoch's
+        "test_accuracy": h[-1].test_accuracy,
         "grad_scaler_skipped_steps": run.state.skipped_steps,
         "grad_scaler_final_scale": scaler.get_scale() if scaler.is_enabled() else None,
         "device": rt.device_name, "device_count": rt.replicas,
@@ -704,5 +709,5 @@ def main(parallel_name: str, precision_name: str, params_path: str, resume_path:
     if resume is not None and not resume.is_file():  # before any worker starts
         raise FasttrainError(f"checkpoint not found: {resume_path}")
     run_variant("train", functools.partial(train, resume=resume), parallel_name, precision_name, params_path,
-                check=check_train, max_restarts=config.load(params_path).train.max_restarts,
+                check=check_train, max_restarts=config.load(params_path).run.max_restarts,
                 extra_argv=("--resume", str(resume)) if resume else ())

@@ -1,6 +1,7 @@
 """A scratch copy of the repository, and running commands in it, for end-to-end tests."""
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -35,6 +36,15 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def record(repo: Path, variant: str, stage: str = "train") -> dict:
+    """A stage's whole record of one variant: its headline metrics and its diagnostics, as one dict."""
+    kind = {"train": "train", "evaluate": "eval"}[stage]
+    metrics, diagnostics = (json.loads((repo / top / kind / f"{variant}.json").read_text())
+                            for top in ("metrics", "diagnostics"))
+    assert not metrics.keys() & diagnostics.keys(), "a figure in both files"
+    return {**diagnostics, **metrics}
+
+
 def set_params(repo: Path, overrides: dict) -> None:
     path = repo / "params.yaml"
     params = yaml.safe_load(path.read_text())
@@ -59,9 +69,9 @@ TINY = {
     "data": {"source": "synthetic", "synthetic_train_size": 128, "synthetic_test_size": 50,
              "loader": "gpu", "workers": 0, "pin_memory": False},
     "model": {"name": "squeezenet1_1"},
-    "train": {"epochs": 1, "batch_size": 32, "lr": 1e-3, "img_size": 32, "scheduler": "none",
-              "log_every_steps": 1, "checkpoint_every": 1},
+    "train": {"epochs": 1, "batch_size": 32, "lr": 1e-3, "img_size": 32, "scheduler": "none"},
     "evaluate": {"batch_size": 50},
+    "run": {"log_every_steps": 1, "checkpoint_every": 1},
 }
 
 

@@ -28,13 +28,17 @@ def scaffold(repo: Path, variant: str) -> None:
     """A variant's outputs as its train and evaluate stages would leave them."""
     layout = Layout(repo)
     for path in (layout.model(variant), layout.train_metrics(variant), layout.eval_metrics(variant),
+                 layout.train_diagnostics(variant), layout.eval_diagnostics(variant),
                  layout.train_plot(variant), layout.confusion_plot(variant)):
         path.parent.mkdir(parents=True, exist_ok=True)
     layout.model(variant).write_bytes(variant.encode())
     layout.train_metrics(variant).write_text(json.dumps({
-        "epoch_seconds": 1.0, "first_epoch_seconds": 2.0, "images_per_second": 100.0, "peak_memory_mb": 10.0,
-        "world_size": 1, "device_count": 1, "warnings": [], "device": "CPU", "torch_version": "x"}))
+        "epoch_seconds": 1.0, "images_per_second": 100.0, "peak_memory_mb": 10.0}))
+    layout.train_diagnostics(variant).write_text(json.dumps({
+        "first_epoch_seconds": 2.0, "world_size": 1, "device_count": 1, "warnings": [], "device": "CPU",
+        "torch_version": "x"}))
     layout.eval_metrics(variant).write_text(json.dumps({"test_accuracy": 0.1}))
+    layout.eval_diagnostics(variant).write_text(json.dumps({"device": "CPU"}))
     layout.train_plot(variant).write_text("epoch,train_loss,test_accuracy\n1,2.3,0.1\n")
     layout.confusion_plot(variant).write_text("actual,predicted\n")
     layout.tensorboard(variant).mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ def test_a_signal_mid_epoch_checkpoints_at_the_step_and_the_next_run_resumes_to_
     assert "epoch 1/3" not in again.stderr and "epoch 3/3" in again.stderr
     assert_same_state(final_model(stopped, variant), final_model(whole, variant))
     assert per_epoch(stopped, variant) == per_epoch(whole, variant)  # epoch losses summed over the same steps
-    assert train_metrics(stopped, variant)["final_train_loss"] == train_metrics(whole, variant)["final_train_loss"]
+    assert train_metrics(stopped, variant)["train_loss"] == train_metrics(whole, variant)["train_loss"]
 
 
 @pytest.mark.gpu

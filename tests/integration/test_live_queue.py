@@ -75,7 +75,7 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
                     found = running_metrics(shown, variant)
                     assert len(found) == 1, json.dumps(shown)[:4000]
                     metrics = found[0]
-                    assert metrics["epochs"] == 1 and metrics["epochs_planned"] == EPOCHS, metrics
+                    assert metrics["epochs"] == 1 and metrics["train_seconds"] > 0, metrics
                     assert metrics["train_loss"] > 0 and 0 <= metrics["test_accuracy"] <= 1, metrics
                     conn.sendall(b"go")
                 seen.add(variant)

@@ -56,7 +56,7 @@ def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alo
     checks the real recipe's values)."""
     (tiny_repo / "recipes" / "fast.yaml").write_text(
         "data:\n  augment: true\ntrain:\n  epochs: 2\n  seed: 7\n  scheduler: onecycle\n  cycle_momentum: false\n"
-        "  cuda_graphs: true\n  checkpoint_every: 100\nevaluate:\n  flip_tta: true\n")
+        "  cuda_graphs: true\nrun:\n  checkpoint_every: 100\nevaluate:\n  flip_tta: true\n")
     params, status = (tiny_repo / "params.yaml").read_bytes(), run(["git", "status", "--porcelain"], tiny_repo).stdout
     out = make(tiny_repo, "fast").stdout
     assert stages_run(out) == ["download", "evaluate@single-bf16", "train@single-bf16"], out

@@ -1,4 +1,6 @@
-"""dvc.yaml: each stage lists exactly the params keys it reads, over every key of params.yaml.
+"""dvc.yaml: each stage lists exactly the params keys it reads, over every key of params.yaml, but
+those of the run section, which change no result: train reads them, no stage lists them, and a
+change to one re-runs nothing.
 
 What a stage reads is recorded, not listed by hand: the stages run in-process on params whose every
 attribute read is noted (`reads`). Then, for every key, a change to it must make `dvc status` name
@@ -32,7 +34,13 @@ for section, values in {**TINY, "data": {**TINY["data"], "synthetic_train_size":
                         "train": {**TINY["train"], "device": "cpu", "nproc": 1, "epochs": 2, "seed": 7,
                                   "weight_decay": 0.05}}.items():
     FULL[section].update(values)
-KNOWN_UNLISTED: dict[str, str] = {}  # keys a stage reads without listing them: none
+FULL["run"].update(max_restarts=1)
+KNOWN_UNLISTED: dict[str, str] = {}  # keys of a result section a stage reads without listing them: none
+UNLISTED = "run"  # the section whose keys change no stage's result: listed by none
+
+
+def result_key(key: str) -> bool:
+    return key.split(".")[0] != UNLISTED
 
 
 def every_key() -> list[str]:
@@ -110,7 +118,7 @@ def full_run(tmp_path_factory):
             stage(name, variant_argv(name, "ddp"), {**torchrun, "MASTER_PORT": str(free_port())})  # a worker
         for variant in VARIANTS:  # compare reads all twelve: the single-fp32 figures stand in for the rest
             layout = Layout(root)
-            for path in (layout.train_metrics, layout.eval_metrics):
+            for path in (layout.train_metrics, layout.eval_metrics, layout.train_diagnostics):
                 if variant != BASELINE:
                     shutil.copy(path(BASELINE), path(variant))
         stage("compare", ["compare"])
@@ -134,8 +142,8 @@ def test_changing_any_key_makes_dvc_rerun_exactly_the_stages_that_read_it(full_r
     layout = Layout(repo)  # stand-in outputs: `dvc commit` records them and the params, nothing runs
     outs = [layout.dataset, layout.compare_json, layout.compare_md, layout.compare_plot]
     for v in VARIANTS:
-        outs += [layout.model(v), layout.train_metrics(v), layout.train_plot(v), layout.eval_metrics(v),
-                 layout.confusion_plot(v)]
+        outs += [layout.model(v), layout.train_metrics(v), layout.train_diagnostics(v), layout.train_plot(v),
+                 layout.eval_metrics(v), layout.eval_diagnostics(v), layout.confusion_plot(v)]
     for v in VARIANTS:  # a folder output: one file in it
         outs.append(layout.tensorboard(v) / "events")
     for path in outs:
@@ -160,10 +168,13 @@ def test_changing_any_key_makes_dvc_rerun_exactly_the_stages_that_read_it(full_r
                 f"{matrix_stage}@{v}" for v in VARIANTS), (key, names)
         rerun[key] = stages
         readers = {stage for stage in STAGES if key in reads[stage]}
-        if stages != readers:
+        if result_key(key) and stages != readers:
             wrong[key] = f"read by {sorted(readers)}, listed by {sorted(stages)}"
     assert wrong == KNOWN_UNLISTED
-    assert all(rerun[key] for key in every_key()), "a key no stage lists"
+    assert all(rerun[key] for key in every_key() if result_key(key)), "a key no stage lists"
+    unlisted = {key: sorted(rerun[key]) for key in every_key() if not result_key(key)}
+    assert unlisted and unlisted == {key: [] for key in unlisted}, f"a run key re-runs a stage: {unlisted}"
+    assert set().union(*(reads[s] for s in STAGES)) >= set(unlisted), "a run key no stage reads"
 
 
 def _reduced(stage: str) -> dict:
@@ -177,7 +188,11 @@ def _reduced(stage: str) -> dict:
 
 
 def test_each_stage_does_the_same_with_only_the_keys_it_lists(full_run, tmp_path, monkeypatch):
+    """Run keys left at their defaults too (checkpoints every 5 epochs, not every one; TensorBoard every
+    50 steps, not every step): the same model and the same headline metrics."""
     full, _ = full_run
+    assert _reduced("train").get(UNLISTED) is None and FULL[UNLISTED] != yaml.safe_load(
+        (REPO / "params.yaml").read_text())[UNLISTED]
     monkeypatch.chdir(tmp_path)
     assert _reduced("download")["data"].keys() == {"source", "md5", "synthetic_train_size", "synthetic_test_size",
                                                    "synthetic_image_size", "synthetic_seed"}
@@ -194,14 +209,16 @@ def test_each_stage_does_the_same_with_only_the_keys_it_lists(full_run, tmp_path
     layout, reduced = Layout(full), Layout(tmp_path)
     untimed = lambda m: {k: v for k, v in m.items() if "seconds" not in k and "memory" not in k  # noqa: E731
                          and k != "images_per_second"}
-    assert untimed(json.loads(reduced.train_metrics(BASELINE).read_text())) == untimed(
-        json.loads(layout.train_metrics(BASELINE).read_text()))
-    assert untimed(json.loads(reduced.eval_metrics(BASELINE).read_text())) == untimed(
-        json.loads(layout.eval_metrics(BASELINE).read_text()))
+    for metrics in (Layout.train_metrics, Layout.eval_metrics):  # the headline figures; the diagnostics
+        # differ where they should: checkpoints written (every epoch in the full run, none here)
+        assert untimed(json.loads(metrics(reduced, BASELINE).read_text())) == untimed(
+            json.loads(metrics(layout, BASELINE).read_text()))
+    assert (json.loads(layout.train_diagnostics(BASELINE).read_text())["checkpoints_written"],
+            json.loads(reduced.train_diagnostics(BASELINE).read_text())["checkpoints_written"]) == (1, 0)
 
     (tmp_path / "params.yaml").unlink()  # compare lists no key: it runs with no params.yaml at all
     for variant in VARIANTS:  # the full run's metrics, so the two tables can be compared
-        for path in (Layout.train_metrics, Layout.eval_metrics):
+        for path in (Layout.train_metrics, Layout.eval_metrics, Layout.train_diagnostics):
             shutil.copy(path(layout, variant), path(reduced, variant))
     cli_run(["compare"])
     assert reduced.compare_json.read_text() == layout.compare_json.read_text()

@@ -5,11 +5,13 @@ import json
 import pytest
 import yaml
 
-from scratch import run, set_params
+from scratch import record, run, set_params
 from stage_imports import PACKAGE, command_modules, module_file, package_modules
 from test_plots_browser import assert_draws_offline
 
+from fasttrain.evaluate import HEADLINE as EVAL_HEADLINE
 from fasttrain.layout import VARIANTS
+from fasttrain.train import HEADLINE as TRAIN_HEADLINE
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +25,9 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
     assert len(stages_run(first.stdout)) == 1 + 12 + 12 + 1
 
     for variant in VARIANTS:
-        train = json.loads((tiny_repo / "metrics" / "train" / f"{variant}.json").read_text())
+        for stage, headline in (("train", TRAIN_HEADLINE), ("eval", EVAL_HEADLINE)):  # the rest: diagnostics
+            assert list(json.loads((tiny_repo / "metrics" / stage / f"{variant}.json").read_text())) == list(headline)
+        train = record(tiny_repo, variant)
         assert train["variant"] == variant and train["epochs"] == 1
         assert train["peak_memory_mb"] > 0
         # one epoch of all 128 training images, over every rank: the rate times the epoch's seconds
@@ -32,7 +36,7 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
         assert train["world_size"] == (2 if variant.startswith("ddp") else 1)
         if variant.startswith("dp-"):
             assert any("DataParallel" in w for w in train["warnings"])
-        ev = json.loads((tiny_repo / "metrics" / "eval" / f"{variant}.json").read_text())
+        ev = record(tiny_repo, variant, "evaluate")
         assert ev["test_images"] == 50 and 0 <= ev["test_accuracy"] <= 1
         assert sum(map(sum, ev["confusion_matrix"])) == 50
         confusion_rows = (tiny_repo / "plots" / "confusion" / f"{variant}.csv").read_text().splitlines()
@@ -56,6 +60,12 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
     assert all(f"| {v} |" in markdown for v in VARIANTS)
     assert "speed-up" in markdown
 
+    # every headline figure of the 24 files in one table a 200-column terminal shows whole
+    shown = run(["make", "-s", "-o", ".venv/.installed", "metrics"], tiny_repo).stdout.splitlines()
+    rows = [line for line in shown if line.startswith("| metrics/")]
+    assert len(rows) == 2 * len(VARIANTS) and max(map(len, shown)) <= 200, "\n".join(shown)
+    assert set(TRAIN_HEADLINE) | set(EVAL_HEADLINE) <= {c.strip() for c in shown[0].split("|")}, shown[0]
+
     # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png
     # is this page of make demo)
     run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], tiny_repo)
@@ -73,6 +83,9 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
 
     run(["git", "add", "-A"], tiny_repo)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first run"], tiny_repo)
+    # the run section changes no result: no stage is stale, and the next runs take the new values
+    set_params(tiny_repo, {"run": {"log_every_steps": 7, "checkpoint_every": 3, "max_restarts": 2}})
+    assert stale() == []
     set_params(tiny_repo, {"train": {"lr": 5e-3}})
     assert stale() == sorted(f"train@{v}" for v in VARIANTS)
     third = run(["dvc", "repro", "--single-item", "train@single-fp32"], tiny_repo, timeout=1800)
@@ -81,7 +94,8 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
 
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], tiny_repo).stdout)
     changed = diff["metrics/train/single-fp32.json"]
-    assert changed["final_train_loss"]["diff"] != 0
+    assert changed["train_loss"]["diff"] != 0
+    assert set(changed) <= set(train.HEADLINE), changed  # headline figures only: no phases, no lists
     assert "metrics/train/single-bf16.json" not in diff  # not run again: unchanged
     assert yaml.safe_load((tiny_repo / "params.yaml").read_text())["train"]["lr"] == 5e-3
 

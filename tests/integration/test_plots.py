@@ -39,8 +39,10 @@ def fabricate_run(repo, seed: int) -> None:
         atomic.atomic_write_text(layout.train_plot(variant), _history_csv(history))
         atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(confusion, CLASSES))
         atomic.atomic_write_json(layout.train_metrics(variant), {
-            "variant": variant, "epoch_seconds": 1000 / speed, "first_epoch_seconds": 2000 / speed,
-            "images_per_second": round(speed, 1), "peak_memory_mb": round(300 + 50 * k * rnd.random(), 1),
+            "epoch_seconds": 1000 / speed, "images_per_second": round(speed, 1),
+            "peak_memory_mb": round(300 + 50 * k * rnd.random(), 1)})
+        atomic.atomic_write_json(layout.train_diagnostics(variant), {
+            "variant": variant, "first_epoch_seconds": 2000 / speed,
             "world_size": 2 if variant.startswith("ddp") else 1, "device_count": 1, "warnings": [],
             "device": "CPU", "torch_version": torch.__version__})
         atomic.atomic_write_json(layout.eval_metrics(variant), {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import BIN, TINY, copy_repo, epoch_gate, run, set_params
+from scratch import BIN, TINY, copy_repo, epoch_gate, record, run, set_params
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -83,7 +83,7 @@ def per_epoch(repo: Path, variant: str) -> list[tuple[str, str, str]]:
 
 
 def train_metrics(repo: Path, variant: str) -> dict:
-    return json.loads((repo / "metrics" / "train" / f"{variant}.json").read_text())
+    return record(repo, variant)
 
 
 # --- 1. SIGKILL mid-epoch, then resume: the same result as an uninterrupted run -------------------
@@ -113,7 +113,7 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
     assert_same_state(final_model(killed, "single-fp32"), final_model(whole, "single-fp32"))
     assert per_epoch(killed, "single-fp32") == per_epoch(whole, "single-fp32")
     a, b = train_metrics(killed, "single-fp32"), train_metrics(whole, "single-fp32")
-    for key in ("epochs", "final_train_loss", "final_test_accuracy", "grad_scaler_skipped_steps"):
+    for key in ("epochs", "train_loss", "test_accuracy", "grad_scaler_skipped_steps"):
         assert a[key] == b[key], key
     assert len(a["epoch_seconds_each"]) == 3
     # (the optimizer and scheduler went on exactly where they stopped: equal weights after a whole epoch
@@ -260,8 +260,8 @@ def test_checkpoints_every_n_epochs_none_after_the_last_and_a_crash_resumes_from
     2, names it, and ends with the uninterrupted run's weights; a NaN there names it too."""
     from fasttrain.data import make_synthetic, save_dataset
 
-    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 5, "checkpoint_every": 2,
-                                                 "device": "cpu"}})
+    params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 5, "device": "cpu"},
+                               "run": {"checkpoint_every": 2}})
     rt = parallel.setup("single", "cpu")
     real_save, real_step = checkpoint.save, engine.train_step
     saved = []
@@ -351,7 +351,7 @@ def test_a_finished_run_removes_its_own_checkpoint_and_nothing_of_the_users(tmp_
 
 # --- 3. ddp under torchrun: a worker that dies is restarted and the run resumes --------------------
 
-RESTARTABLE = {"train": {"epochs": 3, "max_restarts": 1, "device": "cpu", "nproc": 2}}  # gloo, GPUs or not
+RESTARTABLE = {"train": {"epochs": 3, "device": "cpu", "nproc": 2}, "run": {"max_restarts": 1}}  # gloo, GPUs or not
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scratch import BIN, TINY, copy_repo, run, set_params
+from scratch import BIN, TINY, copy_repo, record, run, set_params
 
 CPU = {"train": {"device": "cpu", "nproc": 1}}  # one gloo process per node: two nodes make world size 2
 TRAIN = ["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"]
@@ -100,7 +100,7 @@ def assert_equal_models(a: dict, b: dict) -> None:
 
 
 def metrics(repo: Path, kind: str = "train") -> dict:
-    return json.loads((repo / "metrics" / kind / "ddp-fp32.json").read_text())
+    return record(repo, "ddp-fp32", {"train": "train", "eval": "evaluate"}[kind])
 
 
 def error_lines(log: str) -> list[str]:
@@ -129,14 +129,14 @@ def test_two_torchrun_agents_train_the_same_model_as_one_agent_with_two_processe
     logs = finish(nodes([*torchrun, *TRAIN[1:]], [repo, repo], tmp_path), tmp_path)
     assert all("Traceback" not in log for log in logs), logs
     assert_equal_models(model(repo), model(one_node))
-    assert metrics(repo)["world_size"] == 2 and metrics(repo)["final_test_accuracy"] == \
-        metrics(one_node)["final_test_accuracy"]
+    assert metrics(repo)["world_size"] == 2 and metrics(repo)["test_accuracy"] == \
+        metrics(one_node)["test_accuracy"]
 
     # Evaluation over the two agents counts each of the 50 test images once.
     finish(nodes([*torchrun, "evaluate", *TRAIN[2:]], [repo, repo], tmp_path), tmp_path)
     ev = metrics(repo, "eval")
     assert ev["world_size"] == 2 and ev["test_images"] == 50 == sum(map(sum, ev["confusion_matrix"]))
-    assert ev["test_accuracy"] == metrics(one_node)["final_test_accuracy"]
+    assert ev["test_accuracy"] == metrics(one_node)["test_accuracy"]
 
 
 @pytest.mark.slow
@@ -232,7 +232,7 @@ def test_node_1_killed_mid_epoch_ends_node_0_with_one_line_within_the_timeout(tm
 
 @pytest.mark.slow
 def test_with_max_restarts_1_a_killed_node_started_again_resumes_from_the_checkpoint(tmp_path):
-    repo = scratch_repo(tmp_path / "repo", LONGER, {"train": {"max_restarts": 1}})
+    repo = scratch_repo(tmp_path / "repo", LONGER, {"run": {"max_restarts": 1}})
     run(["fasttrain", "download"], repo)
     port = free_port()
     endpoint = {"FASTTRAIN_RDZV_ENDPOINT": f"127.0.0.1:{port}"}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from scratch import run
+from scratch import record, run
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_time_to_answer_splits_each_stage_into_work_fixed_cost_and_the_time_arou
         [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
     ) if cells[0] != "stage"}
     assert list(rows) == ["download", "train@single-fp32", "evaluate@single-fp32"]
-    train = json.loads((tiny_repo / "metrics/train/single-fp32.json").read_text())["process_seconds"]
+    train = record(tiny_repo, "single-fp32")["process_seconds"]
     wall, process, work, fixed, around = (float(x) for x in rows["train@single-fp32"][:5])
     assert process == pytest.approx(train["total"], abs=0.051)
     assert work == pytest.approx(train["train"] + train["eval"], abs=0.051)
@@ -32,3 +32,17 @@ def test_time_to_answer_splits_each_stage_into_work_fixed_cost_and_the_time_arou
     # a second run that runs nothing says so
     again = run([sys.executable, "scripts/time_to_answer.py", "--", "dvc", "repro", "evaluate@single-fp32"], tiny_repo)
     assert "0 stage(s) run" in again.stdout
+
+    # an experiment in a temporary workspace: the diagnostics come from DVC's cache, by the hash
+    # `dvc exp show` recorded for them
+    git = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    run(["git", "add", "-A"], tiny_repo)
+    run(["git", "commit", "-qm", "the run"], tiny_repo, env=git)
+    before = (tiny_repo / "diagnostics/train/single-fp32.json").read_bytes()
+    exp = run([sys.executable, "scripts/time_to_answer.py", "--out", str(out), "--", "dvc", "exp", "run", "--temp",
+               "-S", "train.seed=5", "train@single-fp32"], tiny_repo, timeout=600, env=git)
+    assert "1 stage(s) run" in exp.stdout
+    assert (tiny_repo / "diagnostics/train/single-fp32.json").read_bytes() == before  # the workspace's: untouched
+    row = next(line for line in out.read_text().splitlines()[::-1] if line.startswith("| train@single-fp32 "))
+    process = float(row.strip("|").split("|")[2])
+    assert 0 < process != pytest.approx(train["total"], abs=0.051), row

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from scratch import REPO, TINY, copy_repo, run, set_params
+from scratch import REPO, TINY, copy_repo, record, run, set_params
 
 from fasttrain import config, engine, parallel
 from fasttrain.data import make_synthetic, save_dataset
@@ -69,7 +69,7 @@ def test_under_amp_the_metrics_count_the_steps_gradscaler_skipped_and_give_its_f
     assert len(backward) == 4
     assert metrics["grad_scaler_skipped_steps"] == 2
     assert metrics["grad_scaler_final_scale"] == 16384.0
-    assert math.isfinite(metrics["final_train_loss"])  # the loss itself was finite: a skip is no failure
+    assert math.isfinite(metrics["train_loss"])  # the loss itself was finite: a skip is no failure
 
 
 @pytest.mark.parametrize("precision, extra, runs_overlapped", [
@@ -101,7 +101,7 @@ def test_overlap_optimizer_runs_where_it_can_and_the_other_variants_say_why_not(
         why = ("amp steps after the backward as usual: its GradScaler unscales and checks every gradient"
                if precision == "amp" else "steps after the backward as usual with train.grad_clip = 1.0")
         assert len(reasons) == 1 and why in reasons[0] and reasons[0] in logged
-    assert math.isfinite(metrics["final_train_loss"])
+    assert math.isfinite(metrics["train_loss"])
 
 
 @pytest.mark.parametrize("parallel_name, why", [
@@ -168,17 +168,17 @@ def test_ddp_metrics_give_the_peak_memory_of_the_rank_that_used_most_and_the_syn
     pythonpath = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
     run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600,
         env={"PYTHONPATH": pythonpath})
-    metrics = json.loads((repo / "metrics" / "train" / "ddp-fp32.json").read_text())
+    metrics = record(repo, "ddp-fp32")
     assert metrics["world_size"] == 2 and metrics["peak_memory_kind"] == "cpu_max_rss"
     assert 50 * 1024 < metrics["peak_memory_mb"] < 60 * 1024
     assert metrics["warnings"] == ["train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)",
                                    "train.sync_bn ignored: SyncBatchNorm needs GPUs"]
 
 
-def _timed_work_folder(root, monkeypatch, **train):
-    """A work folder with params.yaml (TINY on the CPU plus `train`) and a 64-image data set, as cwd."""
+def _timed_work_folder(root, monkeypatch, run_params=None, **train):
+    """A work folder with params.yaml (TINY on the CPU plus `train`, and `run`) and a 64-image data set, as cwd."""
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    set_params(root, {**TINY, "train": {**TINY["train"], "device": "cpu", **train}})
+    set_params(root, {**TINY, "train": {**TINY["train"], "device": "cpu", **train}, "run": {**TINY["run"], **(run_params or {})}})
     _layout(root)
     monkeypatch.chdir(root)
 
@@ -194,7 +194,7 @@ def test_the_metrics_say_where_the_process_time_went_phase_by_phase(tmp_path, mo
     from fasttrain import checkpoint, clock
     from fasttrain.cli import main as cli_main
 
-    _timed_work_folder(tmp_path, monkeypatch, epochs=3, checkpoint_every=1)
+    _timed_work_folder(tmp_path, monkeypatch, epochs=3, run_params={"checkpoint_every": 1})
     real_save, real_load, real_eval = checkpoint.save, train_module.load_dataset, train_module.evaluate_model
     monkeypatch.setattr(checkpoint, "save", lambda obj, path, what="a training checkpoint":
                         (time.sleep(0.2), real_save(obj, path, what))[1])
@@ -205,7 +205,7 @@ def test_the_metrics_say_where_the_process_time_went_phase_by_phase(tmp_path, mo
     start = time.perf_counter()
     cli_main(["train", "--parallel", "single", "--precision", "fp32"])
     wall = time.perf_counter() - start
-    m = json.loads((tmp_path / "metrics/train/single-fp32.json").read_text())
+    m = record(tmp_path, "single-fp32")
     p = m["process_seconds"]
     assert set(p) == {"start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model",
                       "other", "total"}
@@ -221,7 +221,7 @@ def test_the_metrics_say_where_the_process_time_went_phase_by_phase(tmp_path, mo
     start = time.perf_counter()
     cli_main(["evaluate", "--parallel", "single", "--precision", "fp32"])
     wall = time.perf_counter() - start
-    p = json.loads((tmp_path / "metrics/eval/single-fp32.json").read_text())["process_seconds"]
+    p = record(tmp_path, "single-fp32", "evaluate")["process_seconds"]
     assert set(p) == {"start_up", "runtime", "prepare", "eval", "other", "total"}
     assert sum(v for k, v in p.items() if k != "total") == pytest.approx(p["total"], abs=0.01)
     assert 0 <= p["other"] and p["total"] <= wall and min(p.values()) >= 0
@@ -237,7 +237,7 @@ def test_a_commands_start_up_counts_from_the_process_start_not_from_its_own_impo
     start = time.perf_counter()
     run([sys.executable, "-c", script, "train", "--parallel", "single", "--precision", "fp32"], tmp_path)
     wall = time.perf_counter() - start
-    p = json.loads((tmp_path / "metrics/train/single-fp32.json").read_text())["process_seconds"]
+    p = record(tmp_path, "single-fp32")["process_seconds"]
     assert 4 <= p["start_up"] and p["total"] <= wall
     assert p["start_up"] + p["runtime"] + p["prepare"] + p["warm_up"] + p["train"] + p["eval"] \
         + p["checkpoints"] + p["final_model"] + p["other"] == pytest.approx(p["total"], abs=0.01)

@@ -29,10 +29,11 @@ EXPECTED = {
 def layout(tmp_path) -> Layout:
     layout = Layout(tmp_path)
     for variant, (ips, acc) in MEASURED.items():
-        train = {"epoch_seconds": 12.5, "first_epoch_seconds": 20.0, "images_per_second": ips,
-                 "peak_memory_mb": 512.0, "world_size": 1, "device_count": 1, "warnings": [],
-                 "device": "Hand-made GPU", "torch_version": "9.9"}
-        for path, obj in ((layout.train_metrics(variant), train), (layout.eval_metrics(variant), {"test_accuracy": acc})):
+        train = {"epoch_seconds": 12.5, "images_per_second": ips, "peak_memory_mb": 512.0}
+        more = {"first_epoch_seconds": 20.0, "world_size": 1, "device_count": 1, "warnings": [],
+                "device": "Hand-made GPU", "torch_version": "9.9"}
+        for path, obj in ((layout.train_metrics(variant), train), (layout.train_diagnostics(variant), more),
+                          (layout.eval_metrics(variant), {"test_accuracy": acc})):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(obj))
     return layout

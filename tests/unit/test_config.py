@@ -107,3 +107,22 @@ def test_the_fast_recipe_runs_its_step_from_cuda_graphs_on_a_gpu():
     p = config.from_dict(raw)
     assert p.train.cuda_graphs and p.train.scheduler == "onecycle" and not p.train.cycle_momentum
     assert graphs.unavailable_reason(p, parallel.Runtime("single", torch.device("cuda", 0))) is None
+
+
+def test_the_run_section_changes_no_checkpoints_key_and_a_result_key_does():
+    """A checkpoint resumes across a change of how the run is watched, checkpointed or restarted, and
+    is refused across a change of what it computes (config_hash of train.resolved_config)."""
+    from fasttrain.train import resolved_config
+
+    def digest(raw):
+        return config.config_hash(resolved_config(config.from_dict(raw), "single", "fp32", 1))
+
+    base = digest({})
+    assert digest({"run": {"log_every_steps": 1, "checkpoint_every": 1, "max_restarts": 3}}) == base
+    assert digest({"train": {"lr": 3e-4}}) != base
+    assert "run" not in resolved_config(config.from_dict({}), "single", "fp32", 1)
+
+
+def test_a_key_that_moved_to_the_run_section_says_where():
+    with pytest.raises(FasttrainError, match=r"^params key 'train.log_every_steps' is now 'run.log_every_steps'"):
+        config.from_dict({"train": {"log_every_steps": 5}})
