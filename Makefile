@@ -56,7 +56,7 @@ train-%:  # any other name: say which ones there are
 	$(error unknown variant '$*': choose one of $(VARIANTS))
 
 # `make fast`'s table: each experiment's headline figures (`dvc exp show` alone has every column)
-FAST_COLUMNS = Experiment|Created|.*/train/single-bf16.json:(train_seconds|images_per_second)$$|.*/eval/single-bf16.json:test_accuracy$$|train\.(seed|epochs)$$
+FAST_COLUMNS = Experiment|Created|train_seconds$$|images_per_second$$|.*/eval/single-bf16.json:test_accuracy$$|train\.(seed|epochs)$$
 # Run again with nothing changed, DVC restores the experiment's outputs from its run cache (same inputs,
 # same outputs) and measures nothing. SEED=N sets train.seed: a seed not run before trains and measures.
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
@@ -76,7 +76,7 @@ compare: setup  ## re-make and print the comparison table
 # Every variant's headline figures, train and evaluate, one row per file: a table 200 columns wide
 # (the comparison is `make compare`; each run's diagnostics are diagnostics/<stage>/<variant>.json).
 metrics: setup  ## every variant's headline metrics as one Markdown table (dvc metrics show)
-	dvc metrics show --md metrics/train metrics/eval
+	dvc metrics show --md metrics/train/*.json metrics/eval/*.json
 
 plots: setup  ## render every plot into dvc_plots/index.html (draws offline: .dvc/plots/page.html)
 	dvc plots show

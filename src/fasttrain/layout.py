@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,18 @@ class Layout:
     def model(self, variant: str) -> Path:
         return self.root / "models" / f"{variant}.pt"
 
-    def checkpoint_dir(self, variant: str) -> Path:
-        return self.root / "checkpoints" / variant
+    @property
+    def checkpoints(self) -> Path:
+        """checkpoints/ of the workspace the run belongs to. DVC runs a queued or `--temp` experiment
+        in a temporary copy of the repository, gone when the run ends, and names the repository it
+        came from in DVC_ROOT (as it does for `dvc repro`, where the two are the same): there a
+        preempted queued run's checkpoint outlives it, for the run queued again."""
+        return Path(os.environ["DVC_ROOT"]) / "checkpoints" if os.environ.get("DVC_ROOT") else self.root / "checkpoints"
+
+    def checkpoint_dir(self, variant: str, key: str) -> Path:
+        """An unfinished run's folder, by variant and by the hash of what it computes (config.config_hash,
+        which the checkpoint records): runs of other params, queued side by side, never meet."""
+        return self.checkpoints / variant / key
 
     def tensorboard(self, variant: str) -> Path:
         return self.root / "tensorboard" / variant

@@ -69,12 +69,17 @@ def check_train(params: config.Params, world_size: int) -> None:
                              f"{world_size} ddp processes: use a multiple of {world_size}")
 
 
-def resolved_config(params: config.Params, parallel_name: str, precision_name: str, world_size: int) -> dict:
-    """What the run depends on: the params that shape training, plus the variant and the world size."""
+def resolved_config(params: config.Params, parallel_name: str, precision_name: str, world_size: int,
+                    dataset: Dataset | None = None) -> dict:
+    """What the run depends on: the params that shape training, the data set it trains on, the variant
+    and the world size."""
     # data: how batches are made, not the download stage's keys, which made data/dataset.pt (a
-    # dependency of the stage as a file)
+    # dependency of the stage as a file); the data set itself by what it was made from and its size
     resolved = {"data": {k: getattr(params.data, k) for k in ("loader", "augment", "workers", "pin_memory")},
                 "model": config.to_dict(params.model), "train": config.to_dict(params.train)}
+    if dataset is not None:
+        resolved["dataset"] = {"source": dataset.source, "classes": list(dataset.classes),
+                               "train_images": len(dataset.train_labels), "test_images": len(dataset.test_labels)}
     # how the step is launched, not what it computes: a checkpoint of a graphed run resumes eagerly (the
     # run: section, how a run is watched, checkpointed and restarted, is not in here at all)
     resolved["train"].pop("cuda_graphs")
@@ -166,7 +171,7 @@ def _state_from_dict(d: dict) -> TrainState:
 def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None:
     """The training checkpoint to resume from, or None for a fresh run.
 
-    A finished run found in checkpoints/ (a finished run removes its own; this one was copied in or
+    A finished run found in its checkpoints/ folder (a finished run removes its own; this one was copied in or
     left by an older fasttrain) is not resumed (re-running a stage measures it again), and it may
     come from any config; an unfinished one from another config is refused rather than
     silently thrown away. A checkpoint named with --resume must exist, load and be unfinished.
@@ -179,7 +184,7 @@ def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None
     missing = sorted({"optimizer", "scaler", "state", "rng", "config", "config_hash"} - set(ckpt))
     if missing:
         raise FasttrainError(f"{path} is not a training checkpoint (no {', '.join(missing)}): "
-                             f"a final model cannot be resumed; use checkpoints/<variant>/last.pt")
+                             f"a final model cannot be resumed; use checkpoints/<variant>/<hash>/last.pt")
     done, planned = ckpt["state"]["epoch"], ckpt["config"]["train"]["epochs"]
     if done >= planned:
         if explicit:
@@ -267,15 +272,18 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
 
 def _preempted(run: _Run, epoch: int, steps: int) -> Preempted:
     at = f"epoch {epoch + 1}, step {steps}" if steps else f"the end of epoch {epoch + 1}"
+    again = ("queue the experiment again with the same params" if os.environ.get("DVC_EXP_NAME")
+             else "run the same command again")  # DVC names a queued or --temp experiment's run
     return Preempted(f"{run.variant} stopped by {run.stop.name} at {at}; checkpoint {run.ckpt_path}: "
-                     f"run the same command again to resume (exit {preemption.EXIT_PREEMPTED})")
+                     f"{again} to resume (exit {preemption.EXIT_PREEMPTED})")
 
 
 def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     """Data, model, optimizer, loaders and scheduler; the checkpoint resumed, if any."""
     cfg = params.train
     dataset = load_dataset(layout.dataset)
-    resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size)
+    resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size, dataset)
+    digest = config.config_hash(resolved)
     torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
     set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
     no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
@@ -300,8 +308,8 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     step = (graphs.GraphedStep(t, precision, rt) if no_graphs is None
             else lambda x, y: train_step(t, precision, x, y))
     run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
-               make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, config.config_hash(resolved),
-               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}") / "last.pt", step, stop)
+               make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, digest,
+               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}", digest) / "last.pt", step, stop)
     _resume(run, resume)
     if rt.is_main:
         from torch.utils.tensorboard import SummaryWriter
@@ -342,6 +350,11 @@ def _resume(run: _Run, resume: Path | None) -> None:
     resume_from = resume or run.ckpt_path
     ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None)
     if ckpt is None:
+        others = sorted(p.parent for p in run.ckpt_path.parent.parent.glob("*/last.pt") if p != run.ckpt_path)
+        for other in others:  # nothing is thrown away unasked: say that it is there, and what it costs
+            megabytes = sum(f.stat().st_size for f in other.rglob("*") if f.is_file()) / 2**20
+            run.log(f"{run.variant}: {other} is an unfinished run of other params (or another data set), "
+                    f"kept: train with those to resume it, or delete it to free {megabytes:,.0f} MB")
         return
     t = run.t
     t.raw.load_state_dict(ckpt["model"])
@@ -619,8 +632,9 @@ def _drop_checkpoint(run: _Run) -> None:
     measuring the run again. A checkpoint named with --resume elsewhere is the user's and stays."""
     checkpoint.remove(run.ckpt_path)
     shutil.rmtree(_kept_tensorboard(run), ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty: something of the user's is in it
+    with contextlib.suppress(OSError):  # not empty: something of the user's, or another run of the variant
         run.ckpt_path.parent.rmdir()
+        run.ckpt_path.parent.parent.rmdir()
 
 
 def _kept_tensorboard(run: _Run) -> Path:
@@ -702,7 +716,8 @@ def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dic
 @variant_options
 @click.option("--resume", "resume_path", default=None, type=click.Path(dir_okay=False),
               help="Resume from this checkpoint: an error if it is missing, corrupt, finished or from another "
-                   "config. Without it, train resumes from checkpoints/<variant>/last.pt if that run is unfinished.")
+                   "config. Without it, train resumes the variant's unfinished run of the same params, if any "
+                   "(checkpoints/<variant>/<config hash>/last.pt).")
 def main(parallel_name: str, precision_name: str, params_path: str, resume_path: str | None) -> None:
     """Train one variant with the `train:` params; writes models/, metrics/train/, plots/train/, tensorboard/."""
     resume = Path(resume_path).resolve() if resume_path else None

@@ -45,6 +45,30 @@ def record(repo: Path, variant: str, stage: str = "train") -> dict:
     return {**diagnostics, **metrics}
 
 
+def checkpoint_file(repo: Path, variant: str) -> Path:
+    """The variant's unfinished run's checkpoint, checkpoints/<variant>/<config hash>/last.pt (the
+    one run of it there, as the tests make them); a path that does not exist while there is none."""
+    found = sorted((repo / "checkpoints" / variant).glob("*/last.pt"))
+    assert len(found) <= 1, found
+    return found[0] if found else repo / "checkpoints" / variant / "(none)" / "last.pt"
+
+
+def checkpoint_of(layout, params, variant: str = "single-fp32", world_size: int = 1) -> Path:
+    """Where a run of `params` in `layout` (its data set written) keeps its checkpoint: before it runs."""
+    from fasttrain import config
+    from fasttrain.data import load_dataset
+    from fasttrain.train import resolved_config
+
+    parallel_name, precision_name = variant.split("-")
+    resolved = resolved_config(params, parallel_name, precision_name, world_size, load_dataset(layout.dataset))
+    return layout.checkpoint_dir(variant, config.config_hash(resolved)) / "last.pt"
+
+
+# what train prints when it resumes: the folder keyed by the config's hash, absolute under DVC (DVC_ROOT)
+def resuming_from(variant: str) -> str:
+    return rf"resuming from \S*checkpoints/{variant}/[0-9a-f]{{16}}/last\.pt"
+
+
 def set_params(repo: Path, overrides: dict) -> None:
     path = repo / "params.yaml"
     params = yaml.safe_load(path.read_text())

@@ -5,6 +5,7 @@ Real processes and real signals. The signal is sent at a known step by the run i
 run, or under ddp its torchrun launcher, which passes it on to the workers.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scratch import run, set_params
+from scratch import checkpoint_file, resuming_from, run, set_params
 from test_resume import assert_same_state, final_model, per_epoch, scratch_repo, train_metrics
 
 from fasttrain import checkpoint
@@ -46,7 +47,7 @@ def test_a_signal_mid_epoch_checkpoints_at_the_step_and_the_next_run_resumes_to_
     last = first.stderr.strip().splitlines()[-1]
     assert last.startswith("fasttrain: stopped: ") and f"stopped by {sig}" in last, last
     assert "Traceback" not in first.stderr
-    ckpt = checkpoint.load(stopped / "checkpoints" / variant / "last.pt")
+    ckpt = checkpoint.load(checkpoint_file(stopped, variant))
     done = ckpt["state"]["epoch_steps"]
     if parallel == "single":  # the step in flight (3) finishes, and the checkpoint is at it
         assert (ckpt["state"]["epoch"], done) == (1, 3) and "at epoch 2, step 3;" in last
@@ -56,7 +57,7 @@ def test_a_signal_mid_epoch_checkpoints_at_the_step_and_the_next_run_resumes_to_
     assert [e for e, *_ in per_epoch(whole, variant)][:1] == ["1"]
 
     again = _train(stopped, parallel)
-    assert f"resuming from checkpoints/{variant}/last.pt after epoch 1 and {done} step(s) of epoch 2" in again.stderr
+    assert re.search(rf"{resuming_from(variant)} after epoch 1 and {done} step\(s\) of epoch 2", again.stderr), again.stderr
     assert "epoch 1/3" not in again.stderr and "epoch 3/3" in again.stderr
     assert_same_state(final_model(stopped, variant), final_model(whole, variant))
     assert per_epoch(stopped, variant) == per_epoch(whole, variant)  # epoch losses summed over the same steps

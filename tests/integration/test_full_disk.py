@@ -7,12 +7,13 @@ are unchanged and no temporary file is left. A real full filesystem (a small tmp
 import errno
 import io
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from scratch import TINY, copy_repo, run, set_params
+from scratch import TINY, checkpoint_file, checkpoint_of, copy_repo, run, set_params
 
 from fasttrain import checkpoint, config, parallel
 from fasttrain.atomic import DiskError
@@ -125,13 +126,13 @@ def test_the_final_outputs_of_train(tmp_path, monkeypatch, kind, what):
     one_line(e.value, what, target)
     assert target.read_bytes() == b"an earlier run's " + kind.encode() and temporaries(tmp_path) == []
     # epoch 1's checkpoint stays (a finished run's goes only once every output is written): it resumes
-    assert checkpoint.load(layout.checkpoint_dir("single-fp32") / "last.pt")["state"]["epoch"] == 1
+    assert checkpoint.load(checkpoint_of(layout, _params(2)))["state"]["epoch"] == 1
 
 
 def test_a_training_checkpoint(tmp_path, monkeypatch):
     layout = Layout(tmp_path.resolve())
     save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
-    last = layout.checkpoint_dir("single-fp32") / "last.pt"
+    last = checkpoint_of(layout, _params(3))
     fill_disk_for(monkeypatch, last, from_call=2)  # epoch 1's is written, epoch 2's meets the full disk
     with pytest.raises(DiskError) as e:
         _train(layout, epochs=3)  # (none after the last epoch)
@@ -177,7 +178,7 @@ def test_a_real_full_filesystem_under_checkpoints(tmp_path):
     sized = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo, check=False,
                 env={"FASTTRAIN_FAULT_SIGNAL_AT": "SIGTERM:0:2:1"})
     assert sized.returncode == EXIT_PREEMPTED, sized.stderr[-2000:]
-    one = (repo / "checkpoints" / "single-fp32" / "last.pt").stat().st_size
+    one = checkpoint_file(repo, "single-fp32").stat().st_size
     for out in ("checkpoints", "models", "metrics", "plots", "tensorboard"):
         shutil.rmtree(repo / out, ignore_errors=True)  # (a stopped run wrote no model)
 
@@ -190,11 +191,12 @@ def test_a_real_full_filesystem_under_checkpoints(tmp_path):
         failed = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo, check=False)
         assert failed.returncode == 1, failed.stderr
         last = failed.stderr.strip().splitlines()[-1]
-        assert last.startswith("fasttrain: error: could not write a training checkpoint to "
-                               "checkpoints/single-fp32/last.pt: No space left on device (errno ENOSPC); "), last
+        assert re.match(r"fasttrain: error: could not write a training checkpoint to checkpoints/single-fp32/"
+                        r"[0-9a-f]{16}/last\.pt: No space left on device \(errno ENOSPC\); ", last), last
         assert "Traceback" not in failed.stderr and " MB free there" in last
-        assert checkpoint.load(mnt / "single-fp32" / "last.pt")["state"]["epoch"] == 1
-        assert sorted(p.name for p in (mnt / "single-fp32").iterdir()) == ["last.pt", "tensorboard"]  # (its copy)
+        (kept,) = (mnt / "single-fp32").iterdir()
+        assert checkpoint.load(kept / "last.pt")["state"]["epoch"] == 1
+        assert sorted(p.name for p in kept.iterdir()) == ["last.pt", "tensorboard"]  # (its copy)
         print(f"real full filesystem: {one:,} B checkpoint, tmpfs of {shutil.disk_usage(mnt).total:,} B: {last}")
     finally:
         subprocess.run(["umount", str(mnt)], check=False)

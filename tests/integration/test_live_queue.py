@@ -8,12 +8,16 @@ look (epoch_gate/sitecustomize.py), so the check happens while it runs by constr
 
 import json
 import os
+import re
+import signal
 import subprocess
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from scratch import BIN, epoch_gate, run, set_params
+from scratch import BIN, checkpoint_file, epoch_gate, resuming_from, run, set_params
+
+from fasttrain import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +74,7 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
                 conn, _addr = server.accept()  # a run ended its first epoch and is waiting
                 with conn:
                     conn.settimeout(60)
-                    variant = conn.makefile().readline().strip()
+                    variant = conn.makefile().readline().split()[0]
                     shown = exp_show(tiny_repo, env)
                     found = running_metrics(shown, variant)
                     assert len(found) == 1, json.dumps(shown)[:4000]
@@ -98,3 +102,53 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
         assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1)), variant
         final = json.loads((tiny_repo / "metrics" / "train" / f"{variant}.json").read_text())
         assert final["epochs"] == EPOCHS and "images_per_second" in final  # the whole set, not the progress
+
+
+def queue_start(repo, env: dict, log_name: str) -> None:
+    """`dvc queue start`: its worker outlives it, so its output goes to a file, or run() would wait."""
+    with open(repo.parent / log_name, "w") as out:
+        subprocess.run(["dvc", "queue", "start"], cwd=repo, stdout=out, stderr=subprocess.STDOUT,
+                       env={**os.environ, **env, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+                       check=True, timeout=120)
+
+
+def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(tiny_repo):
+    """A queued run trains in a temporary copy of the repository, gone when it ends. SIGTERM after its
+    first epoch: it checkpoints and exits 75, and its checkpoint stays in the repository's own
+    checkpoints/ (DVC_ROOT), keyed by the config's hash. The same experiment queued again resumes
+    there after epoch 1, not from epoch 0, and once finished leaves no checkpoint behind."""
+    set_params(tiny_repo, {"data": {"synthetic_train_size": 64}, "train": {"epochs": 3, "device": "cpu"}})
+    run(["dvc", "repro", "download"], tiny_repo)
+    run(["git", "add", "-A"], tiny_repo)
+    run(["git", "commit", "-qm", "tiny params and the data set"], tiny_repo, env=GIT_ENV)
+    try:
+        with epoch_gate(timeout=600) as (gate_env, server):
+            env = {**GIT_ENV, **gate_env}
+            run(["dvc", "exp", "run", "--queue", "-n", "stopped", "train@single-fp32"], tiny_repo, env=env)
+            queue_start(tiny_repo, env, "queue-stopped.log")
+            conn, _addr = server.accept()  # its first epoch and checkpoint are done; it waits
+            with conn:
+                conn.settimeout(60)
+                variant, pid = conn.makefile().readline().split()
+                assert variant == "single-fp32"
+                os.kill(int(pid), signal.SIGTERM)  # as a scheduler's preemption would
+                conn.sendall(b"go")
+            stopped = run(["dvc", "queue", "logs", "-f", "stopped"], tiny_repo, env=env, timeout=600).stdout
+        assert "queue the experiment again with the same params to resume (exit 75)" in stopped, stopped
+        assert "Failed" in next(line for line in run(["dvc", "queue", "status"], tiny_repo).stdout.splitlines()
+                                if "stopped" in line)
+        saved = checkpoint_file(tiny_repo, "single-fp32")
+        assert checkpoint.load(saved)["state"]["epoch"] == 1  # in the repository, not the gone workspace
+
+        run(["dvc", "exp", "run", "--queue", "-n", "again", "train@single-fp32"], tiny_repo, env=GIT_ENV)
+        queue_start(tiny_repo, GIT_ENV, "queue-again.log")
+        again = run(["dvc", "queue", "logs", "-f", "again"], tiny_repo, env=GIT_ENV, timeout=600).stdout
+    finally:
+        run(["dvc", "queue", "stop", "--kill"], tiny_repo, check=False)
+    assert re.search(rf"{resuming_from('single-fp32')} after epoch 1\b", again), again
+    assert f"resuming from {saved}" in again and "epoch 1/3" not in again and "epoch 3/3" in again, again
+    shown = exp_show(tiny_repo, GIT_ENV)
+    (finished,) = [exp["data"] for baseline in shown for exp_range in baseline.get("experiments") or []
+                   for exp in exp_range["revs"] if exp.get("name") == "again"]
+    assert finished["metrics"]["metrics/train/single-fp32.json"]["data"]["epochs"] == 3
+    assert not (tiny_repo / "checkpoints" / "single-fp32").exists()  # finished: its checkpoint is gone

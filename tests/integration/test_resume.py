@@ -7,6 +7,7 @@ repo, and are killed with SIGKILL or interrupted with SIGINT the way a crash or 
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import BIN, TINY, copy_repo, epoch_gate, record, run, set_params
+from scratch import (BIN, TINY, checkpoint_file, checkpoint_of, copy_repo, epoch_gate, record, resuming_from, run,
+                     set_params)
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -82,6 +84,20 @@ def per_epoch(repo: Path, variant: str) -> list[tuple[str, str, str]]:
         return [(r["epoch"], r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
 
 
+def crash_at(monkeypatch, step: int):
+    """Training's step raises at its `step`-th call (from 1), in this process; returns the real one."""
+    real, steps = engine.train_step, []
+
+    def crashing(t, precision, x, y):
+        steps.append(1)
+        if len(steps) == step:
+            raise RuntimeError("crash")
+        return real(t, precision, x, y)
+
+    monkeypatch.setattr("fasttrain.train.train_step", crashing)
+    return real
+
+
 def train_metrics(repo: Path, variant: str) -> dict:
     return record(repo, variant)
 
@@ -96,18 +112,18 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
 
     killed = scratch_repo(tmp_path / "killed", RESUMABLE)
     run(["fasttrain", "download"], killed)
-    ckpt = killed / "checkpoints" / "single-fp32" / "last.pt"
     # The run SIGKILLs itself at epoch 2, step 8 of 16 (parallel.inject_fault): mid-epoch however
     # busy the machine is.
     proc = subprocess.run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], cwd=killed,
                           env={**env(), "FASTTRAIN_FAULT_KILL_RANK_AT": "0:2:8"}, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == SIGKILLED, proc.stderr[-2000:]
+    ckpt = checkpoint_file(killed, "single-fp32")
     done = checkpoint.load(ckpt)["state"]["epoch"]
     assert done == 1 and not (killed / "models" / "single-fp32.pt").exists()
 
     again = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], killed)
-    assert f"resuming from checkpoints/single-fp32/last.pt after epoch {done}" in again.stderr
+    assert re.search(f"{resuming_from('single-fp32')} after epoch {done}", again.stderr), again.stderr
     assert f"epoch {done}/3" not in again.stderr and "epoch 3/3" in again.stderr
 
     assert_same_state(final_model(killed, "single-fp32"), final_model(whole, "single-fp32"))
@@ -118,7 +134,7 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
     assert len(a["epoch_seconds_each"]) == 3
     # (the optimizer and scheduler went on exactly where they stopped: equal weights after a whole epoch
     # of AdamW steps, and the per-epoch table's lr column). Neither run keeps a checkpoint once finished.
-    assert not ckpt.exists() and not (whole / "checkpoints" / "single-fp32" / "last.pt").exists()
+    assert not ckpt.exists() and not (whole / "checkpoints" / "single-fp32").exists()
 
 
 # --- 2. An interrupted save leaves the previous checkpoint intact --------------------------------
@@ -247,7 +263,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 2") as e:
         train(params, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)
     assert "\n" not in str(e.value)
-    assert checkpoint.load(layout.checkpoint_dir("single-fp32") / "last.pt")["state"]["epoch"] == 1
+    assert checkpoint.load(checkpoint_of(layout, params))["state"]["epoch"] == 1
     assert not layout.model("single-fp32").exists()
     # the metrics hold the progress of the last good epoch (for dvc exp show), never a finished run's
     progress = json.loads(layout.train_metrics("single-fp32").read_text())
@@ -290,7 +306,7 @@ def test_checkpoints_every_n_epochs_none_after_the_last_and_a_crash_resumes_from
 
     whole, _ = run(tmp_path / "whole")
     assert saved == [2, 4, None]  # None: the final model, which holds no training state
-    assert not whole.checkpoint_dir("single-fp32").exists()  # neither last.pt nor its TensorBoard copy
+    assert not (whole.checkpoints / "single-fp32").exists()  # neither last.pt nor its TensorBoard copy
 
     saved.clear()
     with pytest.raises(RuntimeError, match="crash"):
@@ -299,7 +315,7 @@ def test_checkpoints_every_n_epochs_none_after_the_last_and_a_crash_resumes_from
     layout, logs = run(tmp_path / "crashed")
     assert any("resuming from" in m and "after epoch 2" in m for m in logs), logs
     assert saved == [2, 4, None]
-    assert not layout.checkpoint_dir("single-fp32").exists()
+    assert not (layout.checkpoints / "single-fp32").exists()
     assert_same_state(final_model(whole.root, "single-fp32"), final_model(layout.root, "single-fp32"))
 
     with pytest.raises(FasttrainError, match=r"non-finite loss at epoch 2, step 1 \(1 step\(s\)\); "
@@ -320,18 +336,10 @@ def test_a_finished_run_removes_its_own_checkpoint_and_nothing_of_the_users(tmp_
     save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 steps an epoch
     params = config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "device": "cpu"}})
     rt = parallel.setup("single", "cpu")
-    real_step, steps = engine.train_step, []
-
-    def crash_in_epoch_3(t, precision, x, y):
-        steps.append(1)
-        if len(steps) == 5:
-            raise RuntimeError("crash")
-        return real_step(t, precision, x, y)
-
-    monkeypatch.setattr("fasttrain.train.train_step", crash_in_epoch_3)
+    real_step = crash_at(monkeypatch, 5)  # in epoch 3
     with pytest.raises(RuntimeError, match="crash"):
         train(params, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)
-    folder = layout.checkpoint_dir("single-fp32")
+    folder = checkpoint_of(layout, params).parent
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "tensorboard"]
     saved = tmp_path / "saved.pt"
     shutil.copy(folder / "last.pt", saved)
@@ -361,7 +369,7 @@ def test_ddp_worker_killed_once_is_restarted_and_the_run_completes(tmp_path, mon
     monkeypatch.setenv("FASTTRAIN_FAULT_KILL_RANK_AT", "1:2:2")  # rank 1 SIGKILLs itself at epoch 2, step 2, once
     done = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600)
     monkeypatch.delenv("FASTTRAIN_FAULT_KILL_RANK_AT")
-    assert "resuming from checkpoints/ddp-fp32/last.pt after epoch 1" in done.stderr
+    assert re.search(f"{resuming_from('ddp-fp32')} after epoch 1", done.stderr), done.stderr
     m = train_metrics(repo, "ddp-fp32")
     assert m["epochs"] == 3 and len(m["epoch_seconds_each"]) == 3 and m["world_size"] == 2
     assert [e for e, *_ in per_epoch(repo, "ddp-fp32")] == ["1", "2", "3"]
@@ -395,7 +403,6 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     (epoch_gate/sitecustomize.py) holds fasttrain after its first epoch, checkpoint written, until the
     SIGINT has come."""
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
-    ckpt = repo / "checkpoints" / "single-fp32" / "last.pt"
     with epoch_gate() as (gate_env, server):
         # dvc runs the stage's command with `$SHELL -c`. bash execs a lone command, so the stage's exit
         # status is fasttrain's own; dash (/bin/sh where SHELL is unset) stays in between, gets the
@@ -407,7 +414,7 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
                                 preexec_fn=sigint_as_a_terminal_gives_it)
         conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
         with conn:
-            assert conn.makefile().readline() == "single-fp32\n" and ckpt.exists()
+            assert conn.makefile().readline().split()[0] == "single-fp32" and checkpoint_file(repo, "single-fp32").exists()
             os.killpg(proc.pid, signal.SIGINT)
             out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
@@ -416,7 +423,7 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
 
     again = run(["dvc", "repro", "train@single-fp32"], repo)
     output = again.stdout + again.stderr
-    assert "resuming from checkpoints/single-fp32/last.pt" in output
+    assert re.search(resuming_from("single-fp32"), output), output
     assert train_metrics(repo, "single-fp32")["epochs"] == 3
     assert "Running stage" not in run(["dvc", "repro", "train@single-fp32"], repo).stdout
 
@@ -425,7 +432,6 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
 def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_resumes(tmp_path):
     repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2}})
     run(["fasttrain", "download"], repo)
-    ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
     with epoch_gate() as (gate_env, server):  # rank 0 waits after its first epoch, checkpoint written
         gated = {**env(), **gate_env}
         proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo,
@@ -433,7 +439,7 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
                                 text=True, preexec_fn=sigint_as_a_terminal_gives_it)
         conn, _ = server.accept()
         with conn:
-            assert conn.makefile().readline() == "ddp-fp32\n" and ckpt.exists()
+            assert conn.makefile().readline().split()[0] == "ddp-fp32" and checkpoint_file(repo, "ddp-fp32").exists()
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher's process group (workers have their own)
             _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -446,7 +452,7 @@ def test_ctrl_c_on_a_ddp_run_stops_every_worker_without_a_traceback_and_the_run_
     assert workers == "", "ddp workers outlived the interrupted run by 10 s"
 
     again = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], repo, timeout=600)
-    assert "resuming from checkpoints/ddp-fp32/last.pt" in again.stderr
+    assert re.search(resuming_from("ddp-fp32"), again.stderr), again.stderr
     assert train_metrics(repo, "ddp-fp32")["epochs"] == 3
 
 
@@ -476,12 +482,11 @@ def test_ddp_workers_end_when_their_launcher_is_killed_with_sigkill(tmp_path):
     # its GPU lease ends with it. Many epochs: the workers would train on for minutes if not stopped.
     repo = scratch_repo(tmp_path / "repo", RESUMABLE, {"train": {"nproc": 2, "epochs": 200}})
     run(["fasttrain", "download"], repo)
-    ckpt = repo / "checkpoints" / "ddp-fp32" / "last.pt"
     proc = subprocess.Popen(["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"], cwd=repo, env=env(),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
     try:
-        wait_for(ckpt.exists, proc, what="the first epoch's checkpoint")  # the workers train
+        wait_for(lambda: checkpoint_file(repo, "ddp-fp32").exists(), proc, what="the first epoch's checkpoint")  # the workers train
         workers = children(proc.pid)
         assert len(workers) == 2 and all(map(alive, workers)), workers
         proc.kill()
@@ -544,8 +549,41 @@ def test_dp_and_ddp_models_load_into_a_bare_torchvision_alexnet_strictly(tmp_pat
         # a SIGTERM in epoch 2 leaves a checkpoint (a finished run keeps none); the next run finishes
         stopped = run(cmd, repo, check=False, env={"FASTTRAIN_FAULT_SIGNAL_AT": "SIGTERM:0:2:1"})
         assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-2000:]
-        last = checkpoint.load(repo / "checkpoints" / f"{parallel_name}-fp32" / "last.pt")["model"]
+        last = checkpoint.load(checkpoint_file(repo, f"{parallel_name}-fp32"))["model"]
         run(cmd, repo)
         for state in (last, final_model(repo, f"{parallel_name}-fp32")):
             bare = torchvision.models.get_model("alexnet", weights=None, num_classes=10)
             assert bare.load_state_dict(state, strict=True).missing_keys == []
+
+
+def test_a_run_of_other_params_starts_afresh_beside_an_unfinished_one_and_says_so(tmp_path, monkeypatch):
+    """Checkpoints are keyed by the config's hash: a crashed run of lr 1e-3 keeps its folder while a
+    run of lr 2e-3 trains from epoch 0 in its own, names the other and its size, and removes only its
+    own at the end; lr 1e-3 again resumes its run. A checkpoint never crosses to another data set."""
+    from fasttrain.data import make_synthetic, save_dataset
+
+    layout = Layout(tmp_path)
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)  # 2 steps an epoch
+    first, other = (config.from_dict({**TINY, "train": {**TINY["train"], "epochs": 3, "lr": lr, "device": "cpu"}})
+                    for lr in (1e-3, 2e-3))
+    rt = parallel.setup("single", "cpu")
+    real_step = crash_at(monkeypatch, 3)  # in epoch 2
+    with pytest.raises(RuntimeError, match="crash"):
+        train(first, PRECISIONS["fp32"], rt, layout, log=lambda msg: None)
+    kept = checkpoint_of(layout, first)
+    assert checkpoint.load(kept)["state"]["epoch"] == 1 and kept != checkpoint_of(layout, other)
+
+    monkeypatch.setattr("fasttrain.train.train_step", real_step)
+    logs = []
+    train(other, PRECISIONS["fp32"], rt, layout, log=logs.append)
+    assert not any("resuming" in m for m in logs), logs
+    assert any(f"{kept.parent} is an unfinished run of other params" in m and " MB" in m for m in logs), logs
+    assert kept.exists() and not checkpoint_of(layout, other).parent.exists()
+
+    save_dataset(make_synthetic(64, 10, 32, 1), layout.dataset)  # another data set: another key
+    assert checkpoint_of(layout, first) != kept
+    save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
+    logs = []
+    train(first, PRECISIONS["fp32"], rt, layout, log=logs.append)
+    assert any(f"resuming from {kept} after epoch 1" in m for m in logs), logs
+    assert not (layout.checkpoints / "single-fp32").exists()

@@ -6,6 +6,7 @@ Ports come from the OS; FASTTRAIN_DIST_TIMEOUT keeps every wait short.
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scratch import BIN, TINY, copy_repo, record, run, set_params
+from scratch import BIN, TINY, checkpoint_file, copy_repo, record, resuming_from, run, set_params
 
 CPU = {"train": {"device": "cpu", "nproc": 1}}  # one gloo process per node: two nodes make world size 2
 TRAIN = ["fasttrain", "train", "--parallel", "ddp", "--precision", "fp32"]
@@ -198,11 +199,12 @@ def test_srun_in_a_slurm_allocation_trains_the_same_model(one_node, tmp_path):
 LONGER = {"data": {"synthetic_train_size": 512}, "train": {"epochs": 3, "nnodes": 2}}  # 16 steps an epoch
 
 
-def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+def wait_for(repo: Path, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    """Until the ddp-fp32 run in `repo` has written its first checkpoint."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not checkpoint_file(repo, "ddp-fp32").exists():
         assert all(p.poll() is None for p in procs), "a node ended early"
-        assert time.monotonic() < deadline, f"no {path}"
+        assert time.monotonic() < deadline, f"no checkpoint in {repo / 'checkpoints'}"
         time.sleep(0.01)
 
 
@@ -216,7 +218,7 @@ def test_node_1_killed_mid_epoch_ends_node_0_with_one_line_within_the_timeout(tm
     repo = scratch_repo(tmp_path / "repo", LONGER)
     run(["fasttrain", "download"], repo)
     procs = nodes(TRAIN, [repo, repo], tmp_path)
-    wait_for(repo / "checkpoints" / "ddp-fp32" / "last.pt", procs)  # epoch 1 done: now in epoch 2
+    wait_for(repo, procs)  # epoch 1 done: now in epoch 2
     kill_node(procs[1])
     killed = time.monotonic()
     log = finish(procs[:1], tmp_path, timeout=120)[0]
@@ -239,14 +241,14 @@ def test_with_max_restarts_1_a_killed_node_started_again_resumes_from_the_checkp
     node0 = start(TRAIN, repo, tmp_path / "node0.log", **endpoint)
     wait_listening(port, node0)
     node1 = start(TRAIN, repo, tmp_path / "node1.log", **endpoint)
-    wait_for(repo / "checkpoints" / "ddp-fp32" / "last.pt", [node0, node1])
+    wait_for(repo, [node0, node1])
     kill_node(node1)
     node1 = start(TRAIN, repo, tmp_path / "node1-again.log", **endpoint)  # the replacement node
     for p in (node0, node1):
         p.wait(timeout=600)
     log0 = (tmp_path / "node0.log").read_text()
     assert node0.returncode == 0 and node1.returncode == 0, log0
-    assert "resuming from checkpoints/ddp-fp32/last.pt after epoch 1" in log0, log0
+    assert re.search(f"{resuming_from('ddp-fp32')} after epoch 1", log0), log0
     m = metrics(repo)
     assert m["epochs"] == 3 and m["world_size"] == 2
 

@@ -21,9 +21,10 @@ import torch
 import yaml
 from test_data import _md5, _tar_gz, image_folder_files, make_cifar_tgz
 
-from fasttrain import cli, parallel
+from fasttrain import cli, config, parallel
 from fasttrain.data import make_synthetic, save_dataset
 from fasttrain.errors import FasttrainError
+from fasttrain.layout import Layout
 
 http_root = test_data.http_root  # the fixture: an HTTP server on 127.0.0.1
 
@@ -60,6 +61,16 @@ class Case:
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def _own_checkpoint(root: Path) -> Path:
+    """Where `train` of single-fp32 in `root` looks for its unfinished run: keyed by the config's hash."""
+    from fasttrain.data import load_dataset
+    from fasttrain.train import resolved_config
+
+    params = config.load(root / "params.yaml")
+    resolved = resolved_config(params, "single", "fp32", 1, load_dataset(root / "data" / "dataset.pt"))
+    return Layout(root).checkpoint_dir("single-fp32", config.config_hash(resolved)) / "last.pt"
 
 
 def _torch_bytes(obj) -> bytes:
@@ -236,13 +247,12 @@ CASES = {
         files=lambda root: _write(root / "models" / "single-fp32.pt", _torch_bytes({"model": Evil()}))),
     "missing model": Case(EVALUATE, "checkpoint not found: models/single-fp32.pt",
                           files=lambda root: (root / "models" / "single-fp32.pt").unlink()),
-    "corrupt last checkpoint": Case(TRAIN, "checkpoints/single-fp32/last.pt is not a readable checkpoint",
-                                    files=lambda root: _write(root / "checkpoints" / "single-fp32" / "last.pt",
+    "corrupt last checkpoint": Case(TRAIN, "last.pt is not a readable checkpoint",
+                                    files=lambda root: _write(_own_checkpoint(root),
                                                               _torch_bytes(_training_checkpoint("x", 1, 2))[:200])),
-    "unfinished checkpoint of another config": Case(
-        TRAIN, "checkpoints/single-fp32/last.pt is from another config (hash 0123456789abcdef",
-        files=lambda root: _write(root / "checkpoints" / "single-fp32" / "last.pt",
-                                  _torch_bytes(_training_checkpoint("0123456789abcdef", 1, 5)))),
+    "unfinished checkpoint of another config, copied into this one's folder": Case(
+        TRAIN, "last.pt is from another config (hash 0123456789abcdef",
+        files=lambda root: _write(_own_checkpoint(root), _torch_bytes(_training_checkpoint("0123456789abcdef", 1, 5)))),
     "resume from a missing checkpoint": Case([*TRAIN, "--resume", "gone.pt"], "checkpoint not found: gone.pt"),
     "resume from a final model": Case([*TRAIN, "--resume", "models/single-fp32.pt"],
                                       "models/single-fp32.pt is not a training checkpoint"),

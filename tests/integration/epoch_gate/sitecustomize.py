@@ -1,6 +1,6 @@
 """Test hook, put on PYTHONPATH by scratch.epoch_gate (test_live_queue.py, test_resume.py): every `fasttrain train`
-process, however DVC starts it (queued, in a temporary workspace), reports its first epoch's end to
-the test's socket at $FASTTRAIN_TEST_EPOCH_SOCKET and waits there until the test has looked (or
+process, however DVC starts it (queued, in a temporary workspace), reports its first epoch's end
+("<variant> <pid>") to the test's socket at $FASTTRAIN_TEST_EPOCH_SOCKET and waits there until the test has looked (or
 signals it), so "while it runs" is an event, not a guess about timing.
 
 The wrap is applied when fasttrain.train is imported: other Python processes (dvc, celery) are left
@@ -26,7 +26,7 @@ def _wrap(module) -> None:
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(60)
                 s.connect(SOCKET)
-                s.sendall(f"{run.variant}\n".encode())
+                s.sendall(f"{run.variant} {os.getpid()}\n".encode())
                 # the test's go-ahead (or its end), in short waits: a SIGINT the kernel hands to another
                 # thread does not interrupt a blocked recv, and Python raises it only between waits
                 s.settimeout(0.1)
