@@ -2,7 +2,6 @@
 that a graphed step computes what the eager step computes (GPU-marked tests, on a CUDA machine)."""
 
 import csv
-import json
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch
 from fasttrain import config, graphs, parallel
 from fasttrain.engine import StepLog, build_trainable, set_deterministic, train_step
 from fasttrain.precision import PRECISIONS
-from scratch import run, set_params
+from scratch import record, run, set_params
 
 
 
@@ -48,7 +47,7 @@ def test_a_cpu_run_goes_eager_and_records_why_only_when_graphs_were_asked_for(ti
     set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs, "device": "cpu"}})
     run(["fasttrain", "download"], tiny_repo)
     proc = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
-    metrics = json.loads((tiny_repo / "metrics" / "train" / "single-fp32.json").read_text())
+    metrics = record(tiny_repo, "single-fp32")
     reason = "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
     assert metrics["cuda_graphs"] is False
     assert metrics["capture_seconds"] is None and metrics["capture_seconds_each"] is None
@@ -68,7 +67,7 @@ def test_ddp_is_built_on_the_stream_its_steps_run_on(tiny_repo, cuda_graphs):
     set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs, "device": "cuda", "nproc": 1}})
     run(["fasttrain", "download"], tiny_repo)
     proc = run(["fasttrain", "train", "--parallel", "ddp", "--precision", "bf16"], tiny_repo)
-    metrics = json.loads((tiny_repo / "metrics" / "train" / "ddp-bf16.json").read_text())
+    metrics = record(tiny_repo, "ddp-bf16")
     assert metrics["cuda_graphs"] is cuda_graphs and metrics["world_size"] == 1
     assert "AccumulateGrad" not in proc.stderr, proc.stderr[-2000:]
 
@@ -88,7 +87,7 @@ def test_a_deterministic_run_repeats_bit_for_bit(tiny_repo, tmp_path):
         weights.append(checkpoint.load(tiny_repo / "models" / "single-fp32.pt")["model"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    metrics = json.loads((tiny_repo / "metrics" / "train" / "single-fp32.json").read_text())
+    metrics = record(tiny_repo, "single-fp32")
     assert metrics["deterministic"] is True
 
 
@@ -216,7 +215,7 @@ def test_a_graphed_run_with_two_resolutions_and_a_short_batch_trains_as_the_eage
         set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs}})
         run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
         weights[cuda_graphs] = checkpoint.load(tiny_repo / "models" / f"single-{precision}.pt")["model"]
-        metrics[cuda_graphs] = json.loads((tiny_repo / "metrics" / "train" / f"single-{precision}.json").read_text())
+        metrics[cuda_graphs] = record(tiny_repo, f"single-{precision}")
         with open(tiny_repo / "plots" / "train" / f"single-{precision}.csv") as f:
             rows = list(csv.DictReader(f))
         losses[cuda_graphs] = [float(row["train_loss"]) for row in rows]

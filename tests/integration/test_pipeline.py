@@ -95,7 +95,7 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], tiny_repo).stdout)
     changed = diff["metrics/train/single-fp32.json"]
     assert changed["train_loss"]["diff"] != 0
-    assert set(changed) <= set(train.HEADLINE), changed  # headline figures only: no phases, no lists
+    assert set(changed) <= set(TRAIN_HEADLINE), changed  # headline figures only: no phases, no lists
     assert "metrics/train/single-bf16.json" not in diff  # not run again: unchanged
     assert yaml.safe_load((tiny_repo / "params.yaml").read_text())["train"]["lr"] == 5e-3
 

@@ -518,11 +518,11 @@ def test_ddp_evaluation_is_identical_at_world_sizes_1_2_and_3(tmp_path):
     shutil.copy(repo / "models" / "single-fp32.pt", repo / "models" / "ddp-fp32.pt")
 
     run(["fasttrain", "evaluate", "--parallel", "single", "--precision", "fp32"], repo)
-    results = {1: json.loads((repo / "metrics" / "eval" / "single-fp32.json").read_text())}
+    results = {1: record(repo, "single-fp32", "evaluate")}
     for nproc in (2, 3):
         set_params(repo, {"train": {"nproc": nproc}})
         run(["fasttrain", "evaluate", "--parallel", "ddp", "--precision", "fp32"], repo)
-        results[nproc] = json.loads((repo / "metrics" / "eval" / "ddp-fp32.json").read_text())
+        results[nproc] = record(repo, "ddp-fp32", "evaluate")
 
     assert [r["world_size"] for r in results.values()] == [1, 2, 3]
     one = results[1]
