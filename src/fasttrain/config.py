@@ -1,4 +1,5 @@
-"""params.yaml: the single home of hyper-parameters, one section per stage, validated up front.
+"""params.yaml: the single home of hyper-parameters, one section per stage, validated up front; the
+run section (how a run is watched, checkpointed and restarted) changes no result and no stage lists it.
 
 Every key has a type and a range; an unknown key, a wrong type or a value out of range is a
 one-line FasttrainError before any output is touched, so a typo never trains the wrong thing.
