@@ -9,6 +9,7 @@ What each key means is documented once, in params.yaml's comments; here are its 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import types
@@ -110,6 +111,19 @@ class Params:
 # keys that have moved: an older params.yaml gets told where to, not just "unknown key"
 MOVED = {f"train.{k}": f"run.{k}" for k in ("log_every_steps", "checkpoint_every", "max_restarts")}
 
+# names other tools give these settings, where spelling alone would not lead to ours
+ALIASES = {"learning_rate": "lr", "num_epochs": "epochs", "n_epochs": "epochs", "bs": "batch_size",
+           "lr_scheduler": "scheduler", "schedule": "scheduler", "wd": "weight_decay",
+           "num_workers": "workers", "image_size": "img_size", "model": "name", "arch": "name"}
+
+
+def did_you_mean(name: str, choices) -> str:
+    """' (did you mean X?)' for the choice a misspelt or another tool's name stands for, else ''."""
+    choices = list(choices)
+    near = [ALIASES[name]] if ALIASES.get(name) in choices else difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
 # (section, key) -> (predicate, what the valid values are)
 _RANGES = {
     ("data", "synthetic_train_size"): (lambda v: v >= 10, "an integer >= 10"),
@@ -195,7 +209,8 @@ def _section(cls, section: str, raw) -> object:
     if moved:
         raise FasttrainError(f"params key '{moved[0]}' is now '{MOVED[moved[0]]}': move it there")
     if unknown:
-        raise FasttrainError(f"unknown key '{section}.{unknown[0]}' in params; valid keys: {', '.join(fields)}")
+        raise FasttrainError(f"unknown key '{section}.{unknown[0]}' in params{did_you_mean(unknown[0], fields)}; "
+                             f"valid keys: {', '.join(fields)}")
     values = {}
     for name, value in raw.items():
         annotation = fields[name].type
@@ -220,7 +235,8 @@ def from_dict(raw) -> Params:
     sections = {f.name: f for f in dataclasses.fields(Params)}
     unknown = sorted(set(raw) - set(sections))
     if unknown:
-        raise FasttrainError(f"unknown params section '{unknown[0]}'; valid sections: {', '.join(sections)}")
+        raise FasttrainError(f"unknown params section '{unknown[0]}'{did_you_mean(unknown[0], sections)}; "
+                             f"valid sections: {', '.join(sections)}")
     return Params(**{name: _section(f.default_factory, name, raw.get(name)) for name, f in sections.items()})
 
 

@@ -187,7 +187,8 @@ def _download(url: str, raw_dir: Path, filename: str, md5: str) -> Path:
         raise FasttrainError(f"could not download {url}: {_one_line(e)}") from None
     except (OSError, http.client.HTTPException) as e:  # refused, reset, cut mid-file (IncompleteRead), ...
         raise FasttrainError(f"could not download {url}: {_one_line(e)}; nothing of it was kept, so the next "
-                             f"run fetches it again") from None
+                             f"run fetches it again; offline, set data.source to a local copy "
+                             f"(cifar-10-python.tar.gz, or an image-folder archive or folder)") from None
     finally:
         part.unlink(missing_ok=True)  # what we fetched is not what was asked for: keep nothing of it
     return path

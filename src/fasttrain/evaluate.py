@@ -126,4 +126,9 @@ def _confusion_csv(confusion: torch.Tensor, classes: list[str]) -> str:
 @variant_options
 def main(parallel_name: str, precision_name: str, params_path: str) -> None:
     """Test accuracy, loss, per-class accuracy and the confusion matrix of one variant's final model."""
+    variant = f"{parallel_name}-{precision_name}"
+    model = Layout().model(variant)
+    if not model.is_file():  # before any ddp worker starts
+        raise FasttrainError(f"{model} not found: train the variant first (dvc repro evaluate@{variant} trains "
+                             f"and evaluates it; make train-{variant} trains it alone)")
     run_variant("evaluate", evaluate, parallel_name, precision_name, params_path)

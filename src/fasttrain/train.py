@@ -168,7 +168,20 @@ def _state_from_dict(d: dict) -> TrainState:
                       d.get("epoch_steps", 0), d.get("epoch_seconds", 0.0))
 
 
-def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None:
+def config_changes(saved: dict, now: dict) -> list[str]:
+    """'section.key: old -> new' for every setting where two resolved configs differ."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    a, b = flat(saved), flat(now)
+    return [f"{k}: {a.get(k, '(none)')!r} -> {b.get(k, '(none)')!r}" for k in sorted(a.keys() | b.keys())
+            if a.get(k, "(none)") != b.get(k, "(none)")]
+
+
+def checkpoint_to_resume(path: Path, digest: str, explicit: bool, resolved: dict | None = None) -> dict | None:
     """The training checkpoint to resume from, or None for a fresh run.
 
     A finished run found in its checkpoints/ folder (a finished run removes its own; this one was copied in or
@@ -191,8 +204,10 @@ def checkpoint_to_resume(path: Path, digest: str, explicit: bool) -> dict | None
             raise FasttrainError(f"{path} is a finished run ({done} of {planned} epochs): nothing to resume")
         return None
     if ckpt["config_hash"] != digest:
-        raise FasttrainError(f"{path} is from another config (hash {ckpt['config_hash']}, now {digest}): "
-                             f"delete it to start afresh, or restore the params it was made with")
+        changes = config_changes(ckpt["config"], resolved) if resolved is not None else []
+        what = f": {'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}" if changes else ""
+        raise FasttrainError(f"{path} is from another config (hash {ckpt['config_hash']}, now {digest}){what}; "
+                             f"restore the params it was made with, or delete it to start afresh")
     return ckpt
 
 
@@ -348,7 +363,7 @@ class _GuardedWriter:
 
 def _resume(run: _Run, resume: Path | None) -> None:
     resume_from = resume or run.ckpt_path
-    ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None)
+    ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None, resolved=run.resolved)
     if ckpt is None:
         others = sorted(p.parent for p in run.ckpt_path.parent.parent.glob("*/last.pt") if p != run.ckpt_path)
         for other in others:  # nothing is thrown away unasked: say that it is there, and what it costs

@@ -579,6 +579,9 @@ def test_a_run_of_other_params_starts_afresh_beside_an_unfinished_one_and_says_s
     assert not any("resuming" in m for m in logs), logs
     assert any(f"{kept.parent} is an unfinished run of other params" in m and " MB" in m for m in logs), logs
     assert kept.exists() and not checkpoint_of(layout, other).parent.exists()
+    with pytest.raises(FasttrainError, match=r"is from another config \(hash [0-9a-f]{16}, now [0-9a-f]{16}\): "
+                                             r"train\.lr: 0\.001 -> 0\.002; restore the params"):
+        train(other, PRECISIONS["fp32"], rt, layout, log=lambda msg: None, resume=kept)  # named: what differs
 
     save_dataset(make_synthetic(64, 10, 32, 1), layout.dataset)  # another data set: another key
     assert checkpoint_of(layout, first) != kept

@@ -245,7 +245,8 @@ CASES = {
     "pickle that weights_only refuses": Case(
         EVALUATE, "models/single-fp32.pt is refused by torch.load(weights_only=True)",
         files=lambda root: _write(root / "models" / "single-fp32.pt", _torch_bytes({"model": Evil()}))),
-    "missing model": Case(EVALUATE, "checkpoint not found: models/single-fp32.pt",
+    "missing model": Case(EVALUATE, "models/single-fp32.pt not found: train the variant first (dvc repro "
+                                    "evaluate@single-fp32 trains and evaluates it; make train-single-fp32 trains it alone)",
                           files=lambda root: (root / "models" / "single-fp32.pt").unlink()),
     "corrupt last checkpoint": Case(TRAIN, "last.pt is not a readable checkpoint",
                                     files=lambda root: _write(_own_checkpoint(root),

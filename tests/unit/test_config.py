@@ -27,8 +27,10 @@ def test_ints_are_accepted_where_floats_are_expected():
     ({"train": {"scheduler": "cosine"}}, "plateau, onecycle, none"),
     ({"train": {"nproc": 0}}, "train.nproc"),
     ({"train": {"device": "tpu"}}, "auto, cpu, cuda"),
-    ({"train": {"lrr": 1e-3}}, "unknown key 'train.lrr'"),
-    ({"trian": {}}, "unknown params section 'trian'"),
+    ({"train": {"lrr": 1e-3}}, "unknown key 'train.lrr' in params (did you mean 'lr'?); valid keys: epochs, "),
+    ({"train": {"learning_rate": 1e-3}}, "unknown key 'train.learning_rate' in params (did you mean 'lr'?)"),
+    ({"train": {"zzz": 1}}, "unknown key 'train.zzz' in params; valid keys: "),  # nothing near: no guess
+    ({"trian": {}}, "unknown params section 'trian' (did you mean 'train'?); valid sections: data, model, "),
     ({"data": {"loader": "dali"}}, "gpu, torchvision"),
     ({"data": {"md5": "xyz"}}, "data.md5"),
     ({"data": {"workers": -1}}, "data.workers"),

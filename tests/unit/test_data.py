@@ -223,6 +223,19 @@ def test_url_that_does_not_answer_is_one_line_error(tmp_path, http_root):
     assert "could not download" in message
 
 
+def test_a_download_with_no_network_points_to_a_local_data_source(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: refused, as an offline machine's fetch fails
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    message = _error(lambda: prepare(f"http://127.0.0.1:{port}/cifar-10-python.tar.gz", tmp_path / "o.pt",
+                                     tmp_path / "raw"))
+    assert message.startswith(f"could not download http://127.0.0.1:{port}/cifar-10-python.tar.gz: ")
+    assert message.endswith("offline, set data.source to a local copy (cifar-10-python.tar.gz, or an "
+                            "image-folder archive or folder)"), message
+
+
 def test_a_download_cut_mid_file_keeps_nothing_and_the_next_run_fetches_it_again(tmp_path, cutting_http_root,
                                                                                   http_root, cifar_tgz, monkeypatch):
     www, cutting = cutting_http_root
