@@ -125,10 +125,14 @@ def save_dataset(ds: Dataset, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f), "the prepared data set")
 
 
+def require_dataset(path: Path) -> None:
+    if not Path(path).is_file():
+        raise FasttrainError(f"data set not found: {path}; run `fasttrain download` (or `dvc repro download`) first")
+
+
 def load_dataset(path: Path) -> Dataset:
     path = Path(path)
-    if not path.is_file():
-        raise FasttrainError(f"data set not found: {path}; run `fasttrain download` (or `dvc repro download`) first")
+    require_dataset(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip, EOF, ...: any of them means "not ours"

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import functools
 import hashlib
+import logging
 import os
 import signal
 import socket
@@ -199,6 +200,11 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     # torch 2.14): let each attempt's rank 0 host a fresh store instead.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[LAUNCHER_PID] = str(os.getpid())  # die_with_launcher
+    # the agent logs a failed worker group ("failed (exitcode: 1) local_rank: 0 (pid ...) of binary ...",
+    # "Sending process N closing signal SIGTERM") before raising; the one line below says the same and
+    # names the rank that failed first. Its restarts (agent.server.api) still show.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+        lambda record: not record.getMessage().startswith(("failed (exitcode", "Sending process")))
     try:
         run(args)
     except ChildFailedError as e:

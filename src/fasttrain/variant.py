@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from fasttrain import clock, config, parallel
+from fasttrain.data import require_dataset
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
 
@@ -52,6 +53,7 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
     if check is not None:
         check(params, world_size)
     if parallel_name == "ddp" and not parallel.under_torchrun():
+        require_dataset(Layout().dataset)  # here, once, not in every worker
         parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
                          "--params", str(Path(params_path).resolve()), *extra_argv], world_size // nnodes,
                         max_restarts, device=params.train.device, nnodes=nnodes,

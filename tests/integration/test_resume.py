@@ -391,6 +391,7 @@ def test_ddp_worker_that_dies_every_time_fails_the_run_once_restarts_are_used_up
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("fasttrain: error: ddp worker rank 1 failed") and "after 1 restart(s)" in last, last
+    assert "failed (exitcode" not in failed.stderr and "closing signal" not in failed.stderr  # the one line says it
     assert not (repo / "models" / "ddp-fp32.pt").exists()
     assert not (repo / "metrics" / "train" / "ddp-fp32.json").exists()
 

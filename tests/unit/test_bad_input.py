@@ -237,6 +237,8 @@ CASES = {
                              {"data": {"source": "in/images.tar.gz"}}, files=_unreadable_image),
     "missing data set": Case(TRAIN, "data set not found: data/dataset.pt",
                              files=lambda root: (root / "data" / "dataset.pt").unlink()),
+    "missing data set, ddp": Case(TRAIN_DDP, "data set not found: data/dataset.pt; run `fasttrain download`",
+                                  files=lambda root: (root / "data" / "dataset.pt").unlink()),  # before any worker
     "data set that is not one": Case(EVALUATE, "not a prepared data set: data/dataset.pt",
                                      files=lambda root: _write(root / "data" / "dataset.pt", b"not a data set")),
     # checkpoints
