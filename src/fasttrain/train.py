@@ -17,6 +17,7 @@ import resource
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -455,6 +456,26 @@ def out_of_memory_message(run: _Run, e: BaseException) -> str:
             f"{'asked for ' + asked.group(1) if asked else 'asked for more'}: use a smaller {change}{half}")
 
 
+# torch's words when a schedule steps before its optimizer ever has (LRScheduler.step)
+SCHEDULE_FIRST = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+
+
+def _first_schedule_step(run: _Run) -> None:
+    """The one-cycle schedule's first step. When GradScaler skipped the run's first step (amp: its
+    initial scale, 65536, overflows the fp16 gradients), the optimizer has not stepped yet and torch
+    warns as if the calls were out of order; the log says what happened instead, once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.scheduler.step()
+    for w in caught:
+        if str(w.message).startswith(SCHEDULE_FIRST):
+            run.log(f"{run.variant}: GradScaler skipped the first step (its initial scale overflowed the fp16 "
+                    f"gradients), so the schedule moved on without it: what torch's warning about calling "
+                    f"lr_scheduler.step() before optimizer.step() means here")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
     """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
     loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
@@ -478,7 +499,10 @@ def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, fl
         # next replay overwrites its loss; the lr each step used goes to TensorBoard
         steps.record(loss, y.shape[0], grad_norm, optimizer.param_groups[0]["lr"] if run.writer else None)
         if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
-            scheduler.step()
+            if epoch == step == 0:
+                _first_schedule_step(run)
+            else:
+                scheduler.step()
         progress.step(y.shape[0] * rt.world_size, loss)  # read at once, and only when a refresh is due
         if run.stop.agreed(step + 1, last=step + 1 == len(loader)):  # a host flag; see preemption.py
             break

@@ -8,6 +8,7 @@ import shutil
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 import torch
@@ -241,3 +242,35 @@ def test_a_commands_start_up_counts_from_the_process_start_not_from_its_own_impo
     assert 4 <= p["start_up"] and p["total"] <= wall
     assert p["start_up"] + p["runtime"] + p["prepare"] + p["warm_up"] + p["train"] + p["eval"] \
         + p["checkpoints"] + p["final_model"] + p["other"] == pytest.approx(p["total"], abs=0.01)
+
+
+def test_a_first_step_gradscaler_skips_is_explained_in_the_log_not_by_torchs_order_warning(tmp_path, monkeypatch):
+    """amp under the one-cycle schedule, the first step's gradients infinite: GradScaler skips the
+    optimizer's step, the schedule steps anyway, and torch would warn that lr_scheduler.step() came
+    before optimizer.step(). The log says in one line what happened; torch's warning is not shown."""
+    backward = []
+    real_build = engine.build_trainable
+
+    def build(*args, **kwargs):
+        t = real_build(*args, **kwargs)
+        first = next(t.raw.parameters())
+        first.register_hook(lambda g: (backward.append(1), g * math.inf if len(backward) == 1 else g)[1])
+        return t
+
+    monkeypatch.setattr("fasttrain.train.build_trainable", build)
+    logs = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = train(_params(epochs=2, scheduler="onecycle"), PRECISIONS["amp"], parallel.setup("single", "cpu"),
+                        _layout(tmp_path), log=logs.append)
+    assert metrics["grad_scaler_skipped_steps"] == 1
+    explained = [m for m in logs if "GradScaler skipped the first step" in m]
+    assert len(explained) == 1 and "\n" not in explained[0], logs
+    assert not [w for w in caught if "before `optimizer.step()`" in str(w.message)], [str(w.message) for w in caught]
+
+    # a run whose first step is not skipped: no such line
+    logs.clear()  # (the hook poisons its first call only, long past)
+    (tmp_path / "clean").mkdir()
+    train(_params(epochs=1, scheduler="onecycle"), PRECISIONS["amp"], parallel.setup("single", "cpu"),
+          _layout(tmp_path / "clean"), log=logs.append)
+    assert not [m for m in logs if "GradScaler skipped" in m], logs
