@@ -92,7 +92,7 @@ def test_two_machines_push_experiments_and_a_third_pulls_them_and_compares(tmp_p
     assert "Running stage 'train@" not in out and "Running stage 'evaluate@" not in out, out
     assert "Running stage 'compare'" in out
     table = json.loads((third / "metrics" / "compare.json").read_text())
-    rows = {r["variant"]: r for r in table["rows"]}
+    rows = table["variants"]
     assert list(rows) == list(VARIANTS)
     for name, v in TRAINED.items():  # the two trained results, as their machines measured them
         measured = json.loads((tmp_path / name / "metrics" / "train" / f"{v}.json").read_text())

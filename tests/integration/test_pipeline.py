@@ -46,19 +46,22 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
 
     # each row against its own train and eval metrics files (the arithmetic by hand: test_compare)
     table = json.loads((tiny_repo / "metrics" / "compare.json").read_text())
-    assert [r["variant"] for r in table["rows"]] == list(VARIANTS)
+    assert list(table["variants"]) == list(VARIANTS)
     files = {v: (json.loads((tiny_repo / "metrics" / "train" / f"{v}.json").read_text()),
                  json.loads((tiny_repo / "metrics" / "eval" / f"{v}.json").read_text())) for v in VARIANTS}
     base_train, base_eval = files["single-fp32"]
-    for row in table["rows"]:
-        train, ev = files[row["variant"]]
+    for variant, row in table["variants"].items():
+        train, ev = files[variant]
         assert (row["images_per_second"], row["test_accuracy"]) == (train["images_per_second"], ev["test_accuracy"])
         assert row["speedup"] == pytest.approx(train["images_per_second"] / base_train["images_per_second"], abs=1e-3)
         assert row["accuracy_change"] == pytest.approx(100 * (ev["test_accuracy"] - base_eval["test_accuracy"]),
                                                        abs=1e-2)
     markdown = (tiny_repo / "metrics" / "compare.md").read_text()
     assert all(f"| {v} |" in markdown for v in VARIANTS)
-    assert "speed-up" in markdown
+    assert "speed-up (CPU)" in markdown and "| peak process memory (RSS) MB |" in markdown
+    notes = [line for line in markdown.splitlines() if line.startswith("- ")]
+    assert len(notes) == len(set(notes)) and "- train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU): " \
+        "every variant" in notes, notes  # each warning once
 
     # every headline figure of the 24 files in one table a 200-column terminal shows whole
     shown = run(["make", "-s", "-o", ".venv/.installed", "metrics"], tiny_repo).stdout.splitlines()

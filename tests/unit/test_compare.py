@@ -41,16 +41,16 @@ def layout(tmp_path) -> Layout:
 
 def test_every_row_has_its_own_speedup_and_accuracy_change_against_single_fp32(layout):
     table = compare(layout)
-    assert [r["variant"] for r in table["rows"]] == list(VARIANTS)
-    got = {r["variant"]: (r["speedup"], r["accuracy_change"]) for r in table["rows"]}
+    assert list(table["variants"]) == list(VARIANTS)
+    got = {v: (r["speedup"], r["accuracy_change"]) for v, r in table["variants"].items()}
     assert got == EXPECTED
-    assert {r["variant"]: (r["images_per_second"], r["test_accuracy"]) for r in table["rows"]} == MEASURED
+    assert {v: (r["images_per_second"], r["test_accuracy"]) for v, r in table["variants"].items()} == MEASURED
 
 
 def test_the_baseline_is_single_fp32_wherever_it_stands_in_the_order(layout):
     order = ("dp-amp", "ddp-bf16", "single-fp32", "dp-fp32")
     table = compare(layout, order)
-    assert [(r["variant"], r["speedup"], r["accuracy_change"]) for r in table["rows"]] == [
+    assert [(v, r["speedup"], r["accuracy_change"]) for v, r in table["variants"].items()] == [
         ("dp-amp", 2.5, -0.25), ("ddp-bf16", 4.125, 0.5), ("single-fp32", 1.0, 0.0), ("dp-fp32", 0.8, 2.0)]
     with pytest.raises(FasttrainError, match="the baseline single-fp32 is not among the compared variants"):
         compare(layout, ("dp-amp", "ddp-bf16"))
@@ -62,3 +62,38 @@ def test_the_markdown_rows_say_the_same(layout):
     assert "| ddp-autocast | 12.50 | 20.00 | 400 | 512 | 0.1000 | 0.40x | -40.00 |" in markdown
     assert "| single-fp32 | 12.50 | 20.00 | 1,000 | 512 | 0.5000 | 1.00x | +0.00 |" in markdown
     assert "Device: Hand-made GPU; torch 9.9; speed-up and accuracy change against single-fp32." in markdown
+
+
+def _diagnose(layout, variant: str, **fields) -> None:
+    path = layout.train_diagnostics(variant)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_a_cpus_table_says_its_speeds_are_a_cpus_and_what_its_memory_measured(layout):
+    for variant in VARIANTS:
+        _diagnose(layout, variant, peak_memory_kind="cpu_max_rss")
+    head = to_markdown(compare(layout)).splitlines()[0]
+    assert head == ("| variant | s/epoch | first epoch s | images/s (CPU) | peak process memory (RSS) MB | test acc "
+                    "| speed-up (CPU) | acc change (pp) |")
+    for variant in VARIANTS:
+        _diagnose(layout, variant, peak_memory_kind="cuda_max_allocated")
+    head = to_markdown(compare(layout)).splitlines()[0]
+    assert "| images/s | peak GPU memory (allocated) MB |" in head and "| speed-up |" in head
+
+
+def test_each_warning_is_listed_once_with_the_variants_it_applies_to(layout):
+    for variant in VARIANTS:
+        _diagnose(layout, variant, warnings=["the CPU runs eagerly"] + (["dp: one device"] if variant.startswith("dp-") else []))
+    table = compare(layout)
+    dp = [v for v in VARIANTS if v.startswith("dp-")]
+    assert table["warnings"] == [{"warning": "the CPU runs eagerly", "variants": list(VARIANTS)},
+                                 {"warning": "dp: one device", "variants": dp}]
+    notes = [line for line in to_markdown(table).splitlines() if line.startswith("- ")]
+    assert notes == ["- the CPU runs eagerly: every variant", f"- dp: one device: {', '.join(dp)}"]
+
+
+def test_dvc_reads_every_figure_of_every_variant_as_a_metric(layout):
+    """A mapping, not a list (which DVC's metrics skip): variants.<variant>.<figure>, numbers."""
+    table = compare(layout)
+    flat = {f"variants.{v}.{k}": x for v, r in table["variants"].items() for k, x in r.items()}
+    assert len(flat) == len(VARIANTS) * 9 and all(isinstance(x, (int, float)) for x in flat.values())
