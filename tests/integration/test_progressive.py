@@ -2,7 +2,6 @@
 `img_size`, and test accuracy is measured at `img_size` throughout."""
 
 import csv
-import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -10,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from scratch import TINY
+from scratch import TINY, record
 
 from fasttrain import config, engine, parallel
 from fasttrain.data import make_synthetic, save_dataset
@@ -89,7 +88,7 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path, monkeypatch)
     proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", "--parallel", "single", "--precision", "fp32"],
                           cwd=first, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    metrics = json.loads((first / "metrics" / "train" / "single-fp32.json").read_text())
+    metrics = record(first, "single-fp32")
     assert metrics["compile_seconds"] > 0
     each = metrics["compile_seconds_each"]  # batch x pixels: the full batch at each size, not the short one
     assert set(each) == {"32x20", "32x32"} and sum(each.values()) == pytest.approx(metrics["compile_seconds"], abs=0.01)

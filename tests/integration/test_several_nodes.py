@@ -4,7 +4,6 @@ process (torchrun agent, fasttrain launcher or faked srun) on 127.0.0.1, one glo
 Ports come from the OS; FASTTRAIN_DIST_TIMEOUT keeps every wait short.
 """
 
-import json
 import os
 import re
 import shutil

@@ -1,7 +1,6 @@
 """What the train metrics say, against cases whose answers are known: the plateau schedule's lr cut,
 GradScaler's skipped steps and final scale, the seed, and peak memory as the maximum over ddp ranks."""
 
-import json
 import math
 import os
 import shutil

@@ -13,12 +13,11 @@ replicas), and two-process ddp on two GPUs by test_ddp_over_two_gpus_trains_as_s
 run skips them and counts them (tests/conftest.py)."""
 
 import csv
-import json
 
 import pytest
 import torch
 import yaml
-from scratch import TINY, run
+from scratch import TINY, record, run
 
 DP_ON_CPU = "dp without a GPU runs as one process: nn.DataParallel needs CUDA devices"
 
@@ -34,7 +33,7 @@ def _train(tmp_path, parallels, **train) -> tuple[dict, dict, dict]:
         with open(tmp_path / "plots" / "train" / f"{parallel}-fp32.csv") as f:
             curves[parallel] = [(r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
         weights[parallel] = torch.load(tmp_path / "models" / f"{parallel}-fp32.pt", weights_only=True)["model"]
-        metrics[parallel] = json.loads((tmp_path / "metrics" / "train" / f"{parallel}-fp32.json").read_text())
+        metrics[parallel] = record(tmp_path, f"{parallel}-fp32")
     return curves, weights, metrics
 
 
