@@ -33,8 +33,10 @@ demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, i
 	$(VENV)/bin/python scripts/overlay.py params.yaml demo/params.yaml .demo/params.yaml
 	cd .demo && dvc config --local core.no_scm true && dvc repro
 
+# The end-to-end tests wait on processes (DVC, torchrun, interpreters starting) as much as they
+# compute: two workers (pytest-xdist, one test file each at a time) keep both of CI's cores busy.
 test: setup  ## the test suite (unit + end-to-end), as CI runs it
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile
 
 test-harness: setup  ## CPU checks of the GPU-harness scripts in scripts/gpu/ (left out of `make test`)
 	$(VENV)/bin/python -m pytest -q -m harness

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -112,6 +113,20 @@ def queue_start(repo, env: dict, log_name: str) -> None:
                        check=True, timeout=120)
 
 
+def task_status(repo, name: str, env: dict, timeout: float = 300) -> str:
+    """The queued experiment's status once it has ended. `dvc queue logs -f` is no wait for that: it
+    can return while the queue still records the task as running, and it refuses a task that no
+    worker has started yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = run(["dvc", "queue", "status"], repo, env=env).stdout
+        line = next((line.split() for line in status.splitlines() if f" {name} " in f" {line} "), [])
+        if line and line[-1] in ("Success", "Failed"):
+            return line[-1]
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+
+
 def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(tiny_repo):
     """A queued run trains in a temporary copy of the repository, gone when it ends. SIGTERM after its
     first epoch: it checkpoints and exits 75, and its checkpoint stays in the repository's own
@@ -135,14 +150,15 @@ def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(
                 conn.sendall(b"go")
             stopped = run(["dvc", "queue", "logs", "-f", "stopped"], tiny_repo, env=env, timeout=600).stdout
         assert "queue the experiment again with the same params to resume (exit 75)" in stopped, stopped
-        assert "Failed" in next(line for line in run(["dvc", "queue", "status"], tiny_repo).stdout.splitlines()
-                                if "stopped" in line)
+        assert task_status(tiny_repo, "stopped", GIT_ENV) == "Failed"
         saved = checkpoint_file(tiny_repo, "single-fp32")
         assert checkpoint.load(saved)["state"]["epoch"] == 1  # in the repository, not the gone workspace
 
         run(["dvc", "exp", "run", "--queue", "-n", "again", "train@single-fp32"], tiny_repo, env=GIT_ENV)
         queue_start(tiny_repo, GIT_ENV, "queue-again.log")
-        again = run(["dvc", "queue", "logs", "-f", "again"], tiny_repo, env=GIT_ENV, timeout=600).stdout
+        status = task_status(tiny_repo, "again", GIT_ENV, timeout=600)  # (logs -f refuses a task not yet started)
+        again = run(["dvc", "queue", "logs", "again"], tiny_repo, env=GIT_ENV).stdout
+        assert status == "Success", again
     finally:
         run(["dvc", "queue", "stop", "--kill"], tiny_repo, check=False)
     assert re.search(rf"{resuming_from('single-fp32')} after epoch 1\b", again), again
