@@ -63,6 +63,17 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def _own_config(root: Path, **train) -> dict:
+    """The resolved config `train` of single-fp32 in `root` would record, with `train` changed."""
+    from fasttrain.data import load_dataset
+    from fasttrain.train import resolved_config
+
+    resolved = resolved_config(config.load(root / "params.yaml"), "single", "fp32", 1,
+                               load_dataset(root / "data" / "dataset.pt"))
+    resolved["train"].update(train)
+    return resolved
+
+
 def _own_checkpoint(root: Path) -> Path:
     """Where `train` of single-fp32 in `root` looks for its unfinished run: keyed by the config's hash."""
     from fasttrain.data import load_dataset
@@ -204,8 +215,10 @@ CASES = {
     "nproc a bool": Case(TRAIN_DDP, "train.nproc must be an integer or null, got True", {"train": {"nproc": True}}),
     "section not a mapping": Case(TRAIN, "params section 'train' must be a mapping, got list", {"train": ["lr"]}),
     # names
-    "unknown key": Case(TRAIN, "unknown key 'train.lrr' in params", {"train": {"lrr": 1e-3}}),
-    "unknown section": Case(TRAIN, "unknown params section 'trian'", {"trian": {"lr": 1e-3}}),
+    "unknown key": Case(TRAIN, "unknown key 'train.lrr' in params (did you mean 'lr'?)", {"train": {"lrr": 1e-3}}),
+    "unknown section": Case(TRAIN, "unknown params section 'trian' (did you mean 'train'?)", {"trian": {"lr": 1e-3}}),
+    "another tool's name for a key": Case(TRAIN, "unknown key 'train.learning_rate' in params (did you mean 'lr'?)",
+                                          {"train": {"learning_rate": 1e-3}}),
     "unknown model": Case(TRAIN, "unknown model.name 'alexnett'", {"model": {"name": "alexnett"}}),
     "unknown scheduler": Case(TRAIN, "one of plateau, onecycle, none", {"train": {"scheduler": "cosine"}}),
     "unknown data source": Case(DOWNLOAD, "unknown data source 'imagenet'", {"data": {"source": "imagenet"}}),
@@ -256,6 +269,18 @@ CASES = {
     "unfinished checkpoint of another config, copied into this one's folder": Case(
         TRAIN, "last.pt is from another config (hash 0123456789abcdef",
         files=lambda root: _write(_own_checkpoint(root), _torch_bytes(_training_checkpoint("0123456789abcdef", 1, 5)))),
+    "resume from a checkpoint of other params": Case(
+        [*TRAIN, "--resume", "other.pt"], "other.pt is from another config (hash 0123456789abcdef, now ",
+        files=lambda root: _write(root / "other.pt", _torch_bytes({**_training_checkpoint("0123456789abcdef", 1, 2),
+                                                                    "config": _own_config(root, lr=0.5)}))),
+    "resume from a checkpoint of other params names them": Case(
+        [*TRAIN, "--resume", "other.pt"], "train.lr: 0.5 -> 0.0001; restore the params it was made with",
+        files=lambda root: _write(root / "other.pt", _torch_bytes({**_training_checkpoint("0123456789abcdef", 1, 2),
+                                                                    "config": _own_config(root, lr=0.5)}))),
+    "download with no network": Case(
+        DOWNLOAD, "offline, set data.source to a local copy (cifar-10-python.tar.gz, or an image-folder archive",
+        {"data": {"source": "http://127.0.0.1:9/cifar-10-python.tar.gz"}},  # (nothing listens on port 9)
+        files=lambda root: (root / "data" / "raw").mkdir()),  # downloads go there; an empty one is kept
     "resume from a missing checkpoint": Case([*TRAIN, "--resume", "gone.pt"], "checkpoint not found: gone.pt"),
     "resume from a final model": Case([*TRAIN, "--resume", "models/single-fp32.pt"],
                                       "models/single-fp32.pt is not a training checkpoint"),
