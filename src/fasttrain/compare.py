@@ -38,10 +38,10 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
     """Every variant's figures against single-fp32's, by variant: a mapping, so that DVC reads each
     figure as a metric (`dvc metrics diff` shows a speed-up that moved). Warnings are listed once
     each, with the variants they apply to."""
-    rows, warned = {}, {}
+    rows, warned, diagnostics = {}, {}, {}
     for variant in variants:
         tr, ev = _read(layout.train_metrics(variant)), _read(layout.eval_metrics(variant))
-        more = _read(layout.train_diagnostics(variant))
+        more = diagnostics[variant] = _read(layout.train_diagnostics(variant))
         rows[variant] = {"epoch_seconds": tr["epoch_seconds"], "first_epoch_seconds": more["first_epoch_seconds"],
                          "images_per_second": tr["images_per_second"], "peak_memory_mb": tr["peak_memory_mb"],
                          "test_accuracy": ev["test_accuracy"], "world_size": more["world_size"],
@@ -54,8 +54,7 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
     for r in rows.values():
         r["speedup"] = round(r["images_per_second"] / base["images_per_second"], 3)
         r["accuracy_change"] = round(100 * (r["test_accuracy"] - base["test_accuracy"]), 2)
-    first = _read(layout.train_diagnostics(variants[0]))
-    kinds = {_read(layout.train_diagnostics(v)).get("peak_memory_kind") for v in variants}
+    first, kinds = diagnostics[variants[0]], {d.get("peak_memory_kind") for d in diagnostics.values()}
     return {"baseline": BASELINE, "device": first["device"], "torch_version": first["torch_version"],
             "peak_memory_kind": kinds.pop() if len(kinds) == 1 else "mixed",
             "variants": rows, "warnings": [{"warning": w, "variants": vs} for w, vs in warned.items()]}

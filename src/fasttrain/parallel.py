@@ -163,6 +163,13 @@ def rdzv_endpoint() -> str:
     return endpoint
 
 
+def _agent_failure_lines(record: logging.LogRecord) -> bool:
+    """False for the elastic agent's lines on a failed worker group ("failed (exitcode: 1) local_rank: 0
+    (pid ...) of binary ...", "Sending process N closing signal SIGTERM"): launch's one line says the
+    same and names the rank that failed first. Its restarts (agent.server.api) still show."""
+    return not record.getMessage().startswith(("failed (exitcode", "Sending process"))
+
+
 def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: str = "cuda",
            nnodes: int = 1, run_id: str = "fasttrain") -> None:
     """Re-run this command under torchrun (torch.distributed.run) with `nproc` workers on this node.
@@ -200,11 +207,9 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
     # torch 2.14): let each attempt's rank 0 host a fresh store instead.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[LAUNCHER_PID] = str(os.getpid())  # die_with_launcher
-    # the agent logs a failed worker group ("failed (exitcode: 1) local_rank: 0 (pid ...) of binary ...",
-    # "Sending process N closing signal SIGTERM") before raising; the one line below says the same and
-    # names the rank that failed first. Its restarts (agent.server.api) still show.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
-        lambda record: not record.getMessage().startswith(("failed (exitcode", "Sending process")))
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if _agent_failure_lines not in agent_log.filters:
+        agent_log.addFilter(_agent_failure_lines)
     try:
         run(args)
     except ChildFailedError as e:

@@ -76,12 +76,7 @@ def _own_config(root: Path, **train) -> dict:
 
 def _own_checkpoint(root: Path) -> Path:
     """Where `train` of single-fp32 in `root` looks for its unfinished run: keyed by the config's hash."""
-    from fasttrain.data import load_dataset
-    from fasttrain.train import resolved_config
-
-    params = config.load(root / "params.yaml")
-    resolved = resolved_config(params, "single", "fp32", 1, load_dataset(root / "data" / "dataset.pt"))
-    return Layout(root).checkpoint_dir("single-fp32", config.config_hash(resolved)) / "last.pt"
+    return Layout(root).checkpoint_dir("single-fp32", config.config_hash(_own_config(root))) / "last.pt"
 
 
 def _torch_bytes(obj) -> bytes:
