@@ -74,8 +74,34 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
 EARLY, LATE = 0, 1
 
 
+def _eager(method):
+    """A torch.optim method without its torch._dynamo decorator while nothing compiles. Those
+    decorators (a graph break in step; dynamo.disable around add_param_group, zero_grad, state_dict
+    and load_state_dict) act only on code dynamo traces, yet their first call imports all of
+    torch._dynamo: 1.8 s of every eager train process on a 2-core CPU. Compiling, the method as torch has it."""
+    return method if torch.compiler.is_compiling() else getattr(method, "__wrapped__", method)
+
+
 class AdamW(torch.optim.AdamW):
-    """torch's AdamW, whose step can also be taken one parameter group at a time (LateStep)."""
+    """torch's AdamW, whose step can also be taken one parameter group at a time (LateStep), and
+    which imports no torch._dynamo in a process that does not compile (_eager)."""
+
+    def step(self, closure=None):
+        # what step's decorator does besides its graph break: gradients off unless differentiable
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _eager(torch.optim.AdamW.step)(self, closure)
+
+    def add_param_group(self, param_group: dict) -> None:
+        _eager(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def state_dict(self) -> dict:
+        return _eager(torch.optim.Optimizer.state_dict)(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
 
     def step_group(self, index: int) -> None:
         groups = self.param_groups

@@ -236,10 +236,14 @@ def relu_after_pools(model: nn.Module, name: str) -> nn.Module:
 
 
 class _NoInitialisation(TorchFunctionMode):
-    """While a model is built on the meta device: its initialisation (torch.nn.init, and in-place
-    tensor methods such as normal_) is skipped. In place on a meta tensor it changes nothing that
-    a meta tensor has, and some of it would run torch's reference ops, whose first call imports all
-    of torch._dynamo: seconds of every train stage's start-up."""
+    """While a model is built on the meta device (or, with `anywhere`, on any device): its
+    initialisation (torch.nn.init, and in-place tensor methods such as normal_) is skipped. In place
+    on a meta tensor it changes nothing that a meta tensor has, and some of it would run torch's
+    reference ops, whose first call imports all of torch._dynamo: seconds of every stage's start-up."""
+
+    def __init__(self, anywhere: bool = False):
+        super().__init__()
+        self.anywhere = anywhere
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -247,7 +251,7 @@ class _NoInitialisation(TorchFunctionMode):
         initialises = getattr(func, "__module__", "") == "torch.nn.init" or (
             name.endswith("_") and not name.startswith("_") and name not in ("resize_", "set_", "requires_grad_"))
         first = args[0] if args else kwargs.get("tensor")
-        if initialises and isinstance(first, torch.Tensor) and first.is_meta:
+        if initialises and isinstance(first, torch.Tensor) and (self.anywhere or first.is_meta):
             return first
         return func(*args, **kwargs)
 
@@ -260,11 +264,12 @@ def on_meta():
 
 
 def _shape_probe(name: str) -> nn.Module:
-    """The model for the shapes it accepts alone: built on_meta, then given uninitialised CPU
-    memory, so a check costs a forward of one image and no more."""
-    with on_meta():
+    """The model for the shapes it accepts alone: built in uninitialised CPU memory, so a check costs
+    a forward of one image and no more. (Not on_meta then to_empty: to_empty of a meta tensor runs
+    torch's reference ops, whose first call imports torch.fx's symbolic shapes and sympy, 0.8 s.)"""
+    with _NoInitialisation(anywhere=True):
         model = build_model(name, 10)
-    return model.to_empty(device="cpu").eval()
+    return model.eval()
 
 
 def _accepts(model: nn.Module, size: int) -> bool:

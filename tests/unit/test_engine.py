@@ -1,5 +1,6 @@
 """StepLog: the epoch's per-step bookkeeping that replaces a dozen small kernels per step; and the optimizer."""
 
+import copy
 import math
 
 import pytest
@@ -82,6 +83,35 @@ def test_the_optimizer_is_adamw_with_the_params_betas_and_weight_decay(beta2):
     assert isinstance(t.optimizer, torch.optim.AdamW)
     group = t.optimizer.param_groups[0]
     assert (group["betas"], group["weight_decay"], group["lr"]) == ((0.9, beta2), 0.05, 3e-4)
+
+
+def test_the_optimizer_without_dynamos_decorators_steps_saves_and_loads_as_torchs_adamw():
+    """engine.AdamW calls torch's methods less their torch._dynamo decorators (which only act on traced
+    code): the same weights and state bit for bit, gradients off inside the step, the same state_dict."""
+    from fasttrain.engine import AdamW
+
+    def steps(cls, torch_state=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+        opt = cls(model.parameters(), lr=1e-2, weight_decay=0.1)
+        if torch_state is not None:
+            opt.load_state_dict(torch_state)
+        grad_inside = []
+        opt.register_step_pre_hook(lambda o, args, kwargs: grad_inside.append(torch.is_grad_enabled()))
+        for i in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 6, generator=torch.Generator().manual_seed(i))).square().sum().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], opt.state_dict(), grad_inside
+
+    ours, theirs = steps(AdamW), steps(torch.optim.AdamW)
+    assert all(torch.equal(a, b) for a, b in zip(ours[0], theirs[0]))
+    assert ours[2] == theirs[2] == [True] * 3  # (the hook runs before the step turns gradients off)
+    assert ours[1]["param_groups"] == theirs[1]["param_groups"]
+    assert all(torch.equal(ours[1]["state"][k]["exp_avg_sq"], theirs[1]["state"][k]["exp_avg_sq"]) for k in ours[1]["state"])
+    # each loads torch's own state (a copy: a loaded state's tensors are stepped in place)
+    resumed, resumed_torch = (steps(cls, copy.deepcopy(theirs[1])) for cls in (AdamW, torch.optim.AdamW))
+    assert all(torch.equal(a, b) for a, b in zip(resumed[0], resumed_torch[0]))
 
 
 def test_grad_clip_returns_the_norm_before_clipping_and_clips_to_it():
