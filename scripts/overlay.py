@@ -4,12 +4,15 @@ or print the overlay as `dvc exp run` flags: `python scripts/overlay.py --dvc-fl
 Used by `make demo` and `make fast` and the GPU scripts (all with fasttrain installed or on
 PYTHONPATH), so that the repository's params.yaml is never edited in place. The overlay updates BASE
 section by section, key by key; extra `section.key=value` arguments then override single keys
-(values parsed as YAML). OUT is written whole or not at all. Bad input is one line on stderr and
-exit status 2, with OUT untouched.
+(values parsed as YAML). OUT is BASE's own text with those values put in: its comments, order and
+layout kept, and a first line naming the keys laid over. OUT is written whole or not at all. Bad
+input is one line on stderr and exit status 2, with OUT untouched.
 """
 
 import os
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -60,12 +63,55 @@ def laid_over(base: dict, base_path: str, layers: list[tuple[str, str, object]])
     return base
 
 
-def write_whole(path: str, params: dict) -> None:
+def flow(value: object) -> str:
+    """A value as one line of YAML: 0.01, null, synthetic, [0, 1]."""
+    return yaml.safe_dump([value], default_flow_style=True, width=float("inf")).strip()[1:-1]
+
+
+def edited_text(text: str, layers: list[tuple[str, str, object]], base_path: str, name: str) -> str:
+    """`text` (BASE's) with each layer's value written over its key's, the key's comment kept and
+    aligned as it was; a key BASE lacks goes after its section's last key. A first line names what
+    was laid over, and by whom (`name`)."""
+    lines = text.splitlines(keepends=True)
+    for section, key, value in layers:
+        start = next(i for i, line in enumerate(lines) if re.match(rf"{re.escape(section)}:(\s|$)", line))
+        end = next((i for i in range(start + 1, len(lines)) if re.match(r"[^\s#]", lines[i])), len(lines))
+        keys = [i for i in range(start + 1, end) if re.match(r"  [^\s#]", lines[i])]
+        found = next((i for i in keys if re.match(rf"  {re.escape(key)}:(\s|$)", lines[i])), None)
+        line = f"  {key}: {flow(value)}"
+        if found is None:
+            lines.insert((keys[-1] if keys else start) + 1, line + "\n")
+            continue
+        old = lines[found].rstrip("\n")
+        comment = re.search(r"\s(#.*)$", old)  # (a value of params.yaml holds no " #")
+        if comment:
+            line = line.ljust(comment.start(1) - 1) + " " + comment.group(1)
+        lines[found] = line + "\n"
+    laid = ", ".join(dict.fromkeys(f"{s}.{k}" for s, k, _ in layers))
+    head = textwrap.wrap(f"{base_path} with {name} laid over it: {laid}", 98, break_on_hyphens=False) if laid else []
+    return "".join([f"# {line}\n" for line in head] + lines)
+
+
+def laid_over_text(base_path: str, layers: list[tuple[str, str, object]], name: str, expected: dict) -> str:
+    """edited_text, checked: it must read as `expected`. A BASE in a layout the edit does not know
+    (flow style, say) is written plainly instead, without its comments, and the script says so."""
+    try:
+        text = edited_text(Path(base_path).read_text(), layers, base_path, name)
+        if yaml.safe_load(text) == expected:
+            return text
+    except (StopIteration, yaml.YAMLError):
+        pass
+    print(f"overlay.py: {base_path}'s layout is not one key per line under its section: written without its "
+          "comments", file=sys.stderr)
+    return yaml.safe_dump(expected, sort_keys=False)
+
+
+def write_whole(path: str, text: str) -> None:
     """fasttrain's atomic write (a reader never sees half a file); OUT's folder must exist."""
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise BadInput(f"cannot write {path}: No such file or directory")
     try:
-        atomic_write_text(Path(path), yaml.safe_dump(params, sort_keys=False), "the params")
+        atomic_write_text(Path(path), text, "the params")
     except FasttrainError as e:  # a full disk or a refused permission, already one line
         raise BadInput(str(e)) from None
 
@@ -84,7 +130,10 @@ def main(argv: list[str]) -> None:
     base_path, overlay_path, out, *sets = argv
     base = read_sections(base_path)
     layers = [(s, k, v) for s, values in read_sections(overlay_path).items() for k, v in values.items()]
-    write_whole(out, laid_over(base, base_path, layers + [override(item) for item in sets]))
+    layers += [override(item) for item in sets]
+    expected = laid_over(base, base_path, layers)
+    names = " and ".join(([overlay_path] if overlay_path != os.devnull else []) + (["the command line's values"] if sets else []))
+    write_whole(out, laid_over_text(base_path, layers, names, expected))
 
 
 if __name__ == "__main__":

@@ -74,3 +74,42 @@ def test_bad_input_is_one_line_exit_2_and_no_output(files, args, message):
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("overlay.py: error: "), proc.stderr
     assert message in proc.stderr, proc.stderr
     assert {p.name: p.read_bytes() for p in files.iterdir()} == before  # OUT untouched, nothing left behind
+
+
+COMMENTED = """\
+# the header
+data:                    # the data section
+  source: cifar10        # where the images come from
+  augment: false
+train:
+  epochs: 20             # passes over the set
+                         # (a comment's second line)
+  lr: 1.0e-4             # the peak lr
+
+evaluate:
+  batch_size: 500
+"""
+
+
+def test_out_is_bases_text_with_its_comments_and_the_keys_laid_over_named_first(tmp_path):
+    (tmp_path / "base.yaml").write_text(COMMENTED)
+    (tmp_path / "demo.yaml").write_text("train:\n  lr: 0.01  # the demo's own comment\n  seed: 3\ndata:\n  source: synthetic\n")
+    proc = overlay("base.yaml", "demo.yaml", "out.yaml", "evaluate.batch_size=50", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    out = (tmp_path / "out.yaml").read_text()
+    assert out == (
+        "# base.yaml with demo.yaml and the command line's values laid over it: train.lr, train.seed,\n"
+        "# data.source, evaluate.batch_size\n"
+        + COMMENTED.replace("  source: cifar10        #", "  source: synthetic      #")
+        .replace("  lr: 1.0e-4             # the peak lr\n", "  lr: 0.01               # the peak lr\n  seed: 3\n")
+        .replace("batch_size: 500", "batch_size: 50"))
+    assert yaml.safe_load(out)["train"] == {"epochs": 20, "lr": 0.01, "seed": 3}
+
+
+def test_a_base_in_flow_style_is_written_plainly_and_says_it_lost_its_comments(tmp_path):
+    (tmp_path / "base.yaml").write_text("train: {lr: 1, epochs: 2}  # flow\n")
+    proc = overlay("base.yaml", "/dev/null", "out.yaml", "train.lr=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "overlay.py: base.yaml's layout is not one key per line under its section: written " \
+                          "without its comments\n"
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == {"train": {"lr": 3, "epochs": 2}}
