@@ -2,7 +2,10 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+# Every command make runs imports this checkout's fasttrain, whichever checkout the environment was
+# installed from: in `.demo/` (make demo), .demo's own src/.
+export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # torch.compile's cache (train.compile, the fast recipe): in the repository, git-ignored, by absolute
 # path, so it outlives reboots, /tmp cleaners and a DVC experiment's temporary workspace. A cold cache
 # costs the fast recipe about 35 s more compile on an H200 (docs/fast-recipe.md). Set the variable to move it.
@@ -20,18 +23,31 @@ help:  ## list the targets
 	@echo "train-<parallel>-<precision>	one variant's training stage through DVC, if anything it reads changed (FORCE=1: always), e.g. make train-ddp-amp"
 
 setup: $(VENV)/.installed  ## a virtual environment with everything installed
+ifeq ($(shell test -L $(VENV) && echo link),link)
+$(VENV)/.installed: ;  # a link to the environment of the repository this copy came from (make demo): set up there
+else
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
 	$(VENV)/bin/pip install -q -e '.[test,docs]'
 	touch $@
+endif
 
-demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, in a scratch copy (.demo/)
+# .demo/ is a git repository of its own: the files as they are here, demo/params.yaml laid over
+# params.yaml (its comments kept), committed, then the run committed (dvc.lock, the comparison), what `dvc
+# metrics diff` there compares with. It uses this environment (.demo/.venv is a link to it) and its
+# own code. Commits take your git identity, or "fasttrain demo" where git has none.
+DEMO_GIT = git -c user.name="$$(git config user.name || echo fasttrain demo)" \
+	-c user.email="$$(git config user.email || echo demo@fasttrain.invalid)"
+demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, in a scratch git repository (.demo/)
 	rm -rf .demo && mkdir .demo
-	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t .demo
+	git ls-files -z --cached --others --exclude-standard | xargs -0 cp -p --parents -t .demo
 	$(VENV)/bin/python scripts/overlay.py params.yaml demo/params.yaml .demo/params.yaml
-	cd .demo && dvc config --local core.no_scm true && dvc repro
+	cd .demo && git init -q && git add -A && $(DEMO_GIT) commit -q -m "make demo: demo/params.yaml laid over params.yaml"
+	ln -s $(abspath $(VENV)) .demo/.venv
+	cd .demo && dvc repro
+	cd .demo && git add -A && $(DEMO_GIT) commit -q -m "make demo: the run (what dvc metrics diff compares with)"
 
 # The end-to-end tests wait on processes (DVC, torchrun, interpreters starting) as much as they
 # compute: two workers (pytest-xdist, one test file each at a time) keep both of CI's cores busy.

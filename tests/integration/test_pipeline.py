@@ -1,11 +1,14 @@
 """The product end to end: the real `dvc repro` of all 12 variants in a scratch copy of the repo."""
 
 import json
+import re
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from scratch import record, run, set_params
+from scratch import REPO, TINY, record, run, set_params
 from stage_imports import PACKAGE, command_modules, module_file, package_modules
 from test_plots_browser import assert_draws_offline
 
@@ -20,14 +23,30 @@ def stages_run(output: str) -> list[str]:
     return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
 
-def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_path):
-    first = run(["dvc", "repro"], tiny_repo, timeout=1800)
+def make_demo(repo: Path) -> Path:
+    """`make demo` of `repo`, with TINY as its demo/params.yaml over the repository's own params.yaml
+    and this Python's environment as the one it links to: the scratch git repository it made."""
+    (repo / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (repo / "demo" / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    venv = sys.prefix  # (-o: taken as set up, so no test ever builds an environment)
+    first = run(["make", f"VENV={venv}", "-o", f"{venv}/.installed", "demo"], repo, timeout=1800)
     assert len(stages_run(first.stdout)) == 1 + 12 + 12 + 1
+    demo = repo / ".demo"
+    assert (demo / ".venv").resolve() == Path(venv).resolve()
+    assert run(["git", "status", "--porcelain"], demo).stdout == ""  # the run committed
+    assert len(run(["git", "log", "--format=%s"], demo).stdout.splitlines()) == 2
+    for line in (REPO / "params.yaml").read_text().splitlines():  # every comment kept, each where it was
+        assert "#" not in line or line[line.index("#"):] in (demo / "params.yaml").read_text(), line
+    return demo
+
+
+def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_works(tiny_repo, tmp_path):
+    demo = make_demo(tiny_repo)
 
     for variant in VARIANTS:
         for stage, headline in (("train", TRAIN_HEADLINE), ("eval", EVAL_HEADLINE)):  # the rest: diagnostics
-            assert list(json.loads((tiny_repo / "metrics" / stage / f"{variant}.json").read_text())) == list(headline)
-        train = record(tiny_repo, variant)
+            assert list(json.loads((demo / "metrics" / stage / f"{variant}.json").read_text())) == list(headline)
+        train = record(demo, variant)
         assert train["variant"] == variant and train["epochs"] == 1
         assert train["peak_memory_mb"] > 0
         # one epoch of all 128 training images, over every rank: the rate times the epoch's seconds
@@ -36,19 +55,19 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
         assert train["world_size"] == (2 if variant.startswith("ddp") else 1)
         if variant.startswith("dp-"):
             assert any("DataParallel" in w for w in train["warnings"])
-        ev = record(tiny_repo, variant, "evaluate")
+        ev = record(demo, variant, "evaluate")
         assert ev["test_images"] == 50 and 0 <= ev["test_accuracy"] <= 1
         assert sum(map(sum, ev["confusion_matrix"])) == 50
-        confusion_rows = (tiny_repo / "plots" / "confusion" / f"{variant}.csv").read_text().splitlines()
+        confusion_rows = (demo / "plots" / "confusion" / f"{variant}.csv").read_text().splitlines()
         assert len(confusion_rows) == 1 + 50
-        assert (tiny_repo / "models" / f"{variant}.pt").is_file()
-        assert list((tiny_repo / "tensorboard" / variant).glob("events.out.tfevents.*"))
+        assert (demo / "models" / f"{variant}.pt").is_file()
+        assert list((demo / "tensorboard" / variant).glob("events.out.tfevents.*"))
 
     # each row against its own train and eval metrics files (the arithmetic by hand: test_compare)
-    table = json.loads((tiny_repo / "metrics" / "compare.json").read_text())
+    table = json.loads((demo / "metrics" / "compare.json").read_text())
     assert list(table["variants"]) == list(VARIANTS)
-    files = {v: (json.loads((tiny_repo / "metrics" / "train" / f"{v}.json").read_text()),
-                 json.loads((tiny_repo / "metrics" / "eval" / f"{v}.json").read_text())) for v in VARIANTS}
+    files = {v: (json.loads((demo / "metrics" / "train" / f"{v}.json").read_text()),
+                 json.loads((demo / "metrics" / "eval" / f"{v}.json").read_text())) for v in VARIANTS}
     base_train, base_eval = files["single-fp32"]
     for variant, row in table["variants"].items():
         train, ev = files[variant]
@@ -56,7 +75,7 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
         assert row["speedup"] == pytest.approx(train["images_per_second"] / base_train["images_per_second"], abs=1e-3)
         assert row["accuracy_change"] == pytest.approx(100 * (ev["test_accuracy"] - base_eval["test_accuracy"]),
                                                        abs=1e-2)
-    markdown = (tiny_repo / "metrics" / "compare.md").read_text()
+    markdown = (demo / "metrics" / "compare.md").read_text()
     assert all(f"| {v} |" in markdown for v in VARIANTS)
     assert "speed-up (CPU)" in markdown and "| peak process memory (RSS) MB |" in markdown
     notes = [line for line in markdown.splitlines() if line.startswith("- ")]
@@ -64,43 +83,55 @@ def test_dvc_repro_trains_evaluates_and_compares_all_variants(tiny_repo, tmp_pat
         "every variant" in notes, notes  # each warning once
 
     # every headline figure of the 24 files in one table a 200-column terminal shows whole
-    shown = run(["make", "-s", "-o", ".venv/.installed", "metrics"], tiny_repo).stdout.splitlines()
+    shown = run(["make", "-s", "metrics"], demo).stdout.splitlines()
     rows = [line for line in shown if line.startswith("| metrics/")]
     assert len(rows) == 2 * len(VARIANTS) and max(map(len, shown)) <= 200, "\n".join(shown)
     assert set(TRAIN_HEADLINE) | set(EVAL_HEADLINE) <= {c.strip() for c in shown[0].split("|")}, shown[0]
 
     # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png
     # is this page of make demo)
-    run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], tiny_repo)
+    run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], demo)
     assert_draws_offline(tmp_path / "show" / "index.html", tmp_path, 4 + 2 + 2 * len(VARIANTS))
 
-    second = run(["dvc", "repro"], tiny_repo)
+    second = run(["dvc", "repro"], demo)
     assert stages_run(second.stdout) == [], second.stdout
-    assert_each_module_edit_makes_its_stages_stale(tiny_repo)
+    assert_each_module_edit_makes_its_stages_stale(demo)
 
     # Changing train.lr makes every train stage stale and never download (DVC's own account;
     # test_params_keys.py checks every key this way). One of them run again makes its evaluate stage
     # and compare stale through the files it rewrote: what dvc.yaml's deps say, without 25 more runs.
     def stale():
-        return sorted(json.loads(run(["dvc", "status", "--json"], tiny_repo).stdout))
+        return sorted(json.loads(run(["dvc", "status", "--json"], demo).stdout))
 
-    run(["git", "add", "-A"], tiny_repo)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first run"], tiny_repo)
     # the run section changes no result: no stage is stale, and the next runs take the new values
-    set_params(tiny_repo, {"run": {"log_every_steps": 7, "checkpoint_every": 3, "max_restarts": 2}})
+    params = (demo / "params.yaml").read_text()
+    set_params(demo, {"run": {"log_every_steps": 7, "checkpoint_every": 3, "max_restarts": 2}})
     assert stale() == []
-    set_params(tiny_repo, {"train": {"lr": 5e-3}})
-    assert stale() == sorted(f"train@{v}" for v in VARIANTS)
-    third = run(["dvc", "repro", "--single-item", "train@single-fp32"], tiny_repo, timeout=1800)
-    assert stages_run(third.stdout) == ["train@single-fp32"], third.stdout
-    assert stale() == sorted(["compare", "evaluate@single-fp32", *(f"train@{v}" for v in VARIANTS if v != "single-fp32")])
+    (demo / "params.yaml").write_text(params)
 
-    diff = json.loads(run(["dvc", "metrics", "diff", "--json"], tiny_repo).stdout)
-    changed = diff["metrics/train/single-fp32.json"]
-    assert changed["train_loss"]["diff"] != 0
-    assert set(changed) <= set(TRAIN_HEADLINE), changed  # headline figures only: no phases, no lists
-    assert "metrics/train/single-bf16.json" not in diff  # not run again: unchanged
-    assert yaml.safe_load((tiny_repo / "params.yaml").read_text())["train"]["lr"] == 5e-3
+    # The README's sequence in .demo/, as a user types it: train.lr edited in params.yaml, then
+    # `make train-ddp-amp` (this environment, .demo's code), `make repro`, `dvc metrics diff`.
+    edited = re.sub(r"(?m)^  lr: 0\.001 ", "  lr: 0.005 ", params)
+    assert edited != params
+    (demo / "params.yaml").write_text(edited)
+    assert stale() == sorted(f"train@{v}" for v in VARIANTS)
+    show = ["make", "-s", "--eval", "where: ; @python -c 'import fasttrain; print(fasttrain.__file__)'", "where"]
+    assert run(show, demo).stdout.strip() == str(demo / "src" / "fasttrain" / "__init__.py")
+    one = run(["make", "train-ddp-amp"], demo, timeout=1800)  # no -o: the linked environment counts as set up
+    assert stages_run(one.stdout) == ["train@ddp-amp"], one.stdout
+    assert (demo / ".venv").is_symlink() and "pip" not in one.stdout + one.stderr
+    rest = run(["make", "repro"], demo, timeout=1800)
+    assert stages_run(rest.stdout) == sorted(["compare", *(f"evaluate@{v}" for v in VARIANTS),
+                                              *(f"train@{v}" for v in VARIANTS if v != "ddp-amp")]), rest.stdout
+
+    diff = json.loads(run(["dvc", "metrics", "diff", "--json"], demo).stdout)
+    for variant in VARIANTS:  # every variant trained again with the new lr
+        changed = diff[f"metrics/train/{variant}.json"]
+        assert changed["train_loss"]["diff"] != 0
+        assert set(changed) <= set(TRAIN_HEADLINE), changed  # headline figures only: no phases, no lists
+    speedups = {k for k in diff["metrics/compare.json"] if k.endswith(".speedup")}
+    assert speedups and speedups <= {f"variants.{v}.speedup" for v in VARIANTS if v != "single-fp32"}, diff
+    assert yaml.safe_load((demo / "params.yaml").read_text())["train"]["lr"] == 5e-3
 
 
 def assert_each_module_edit_makes_its_stages_stale(repo):
