@@ -134,7 +134,7 @@ _RANGES = {
     ("data", "md5"): (lambda v: v is None or (len(v) == 32 and all(c in "0123456789abcdef" for c in v.lower())),
                       "null or 32 hex digits"),
     ("data", "source"): (lambda v: v.strip() != "", "cifar10, synthetic, a URL or a local path"),
-    ("model", "name"): (lambda v: v.strip() != "", "a torchvision classification model name"),
+    ("model", "name"): (lambda v: v.strip() != "", "a torchvision classification model name or path/to/file.py:function"),
     ("train", "epochs"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "nnodes"): (lambda v: v >= 1, "an integer >= 1"),
     ("train", "batch_size"): (lambda v: v >= 1, "an integer >= 1"),

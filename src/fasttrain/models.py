@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.util
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +24,45 @@ def classification_models() -> tuple[str, ...]:
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
+    """A torchvision classification model by name, or your own as `FILE.py:FUNCTION` (a path
+    relative to the repository, where the stages run) or `MODULE:FUNCTION` (an importable module):
+    FUNCTION(num_classes=...) returns the nn.Module, which takes a batch of 3-channel images."""
+    if ":" in name:
+        return _own_model(name, num_classes)
     if name not in classification_models():
         raise FasttrainError(f"unknown model.name '{name}': choose a torchvision classification model, "
                              f"e.g. alexnet, resnet18, squeezenet1_1, shufflenet_v2_x0_5 "
-                             f"(all {len(classification_models())}: torchvision.models.list_models())")
+                             f"(all {len(classification_models())}: torchvision.models.list_models()), "
+                             f"or your own as path/to/file.py:function")
     # weights=None: the comparison trains from scratch, and nothing is fetched from a hub.
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+def _own_model(name: str, num_classes: int) -> nn.Module:
+    source, _, function = name.rpartition(":")
+    try:
+        if source.endswith(".py"):
+            if not Path(source).is_file():
+                raise FasttrainError(f"model.name '{name}': no file {source} (a path relative to the repository)")
+            spec = importlib.util.spec_from_file_location(Path(source).stem, source)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(source)
+    except FasttrainError:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the user's module raises while it imports)
+        raise FasttrainError(f"model.name '{name}': importing {source} failed: {type(e).__name__}: {e}") from None
+    build = getattr(module, function, None)
+    if not callable(build):
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise FasttrainError(f"model.name '{name}': {source} has no function {function}"
+                             + (f" (it has: {', '.join(found)})" if found else ""))
+    model = build(num_classes=num_classes)
+    if not isinstance(model, nn.Module):
+        raise FasttrainError(f"model.name '{name}': {function}(num_classes={num_classes}) returned a "
+                             f"{type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 PADDED_CHANNELS = 8  # train.pad_channels: bf16/fp16 channels_last convolutions want multiples of 8 (16 bytes)

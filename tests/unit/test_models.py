@@ -35,6 +35,52 @@ def test_unknown_model_is_a_one_line_error():
     assert "\n" not in str(e.value)
 
 
+OWN = """\
+import torch
+from torch import nn
+
+
+def tiny(num_classes):
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+
+
+def not_a_model(num_classes):
+    return [num_classes]
+"""
+
+
+def test_your_own_model_from_a_file_of_the_repository_or_a_module(tmp_path, monkeypatch):
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "own.py").write_text(OWN)
+    monkeypatch.chdir(tmp_path)  # where the stages run: the repository
+    model = build_model("nets/own.py:tiny", 7)
+    assert model(torch.zeros(2, 3, 16, 16)).shape == (2, 7)
+    assert min_img_size("nets/own.py:tiny") == 3  # the shape probe takes it like any other
+    monkeypatch.syspath_prepend(str(tmp_path / "nets"))
+    assert build_model("own:tiny", 4)[-1].out_features == 4  # an importable module
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nets/none.py:tiny", "model.name 'nets/none.py:tiny': no file nets/none.py (a path relative to the repository)"),
+    ("nets/own.py:tinny", "model.name 'nets/own.py:tinny': nets/own.py has no function tinny (it has: not_a_model, "
+                          "tiny)"),
+    ("nets/own.py:not_a_model", "model.name 'nets/own.py:not_a_model': not_a_model(num_classes=10) returned a list, "
+                                "not a torch.nn.Module"),
+    ("nets/broken.py:tiny", "model.name 'nets/broken.py:tiny': importing nets/broken.py failed: NameError: name "
+                            "'undefined' is not defined"),
+    ("no_such_module:tiny", "model.name 'no_such_module:tiny': importing no_such_module failed: ModuleNotFoundError: "
+                            "No module named 'no_such_module'"),
+])
+def test_your_own_model_that_cannot_be_built_is_one_line_naming_it(tmp_path, monkeypatch, name, message):
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "own.py").write_text(OWN)
+    (tmp_path / "nets" / "broken.py").write_text("undefined\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FasttrainError) as e:
+        build_model(name, 10)
+    assert str(e.value) == message
+
+
 def test_builder_does_not_fix_dtype_or_device():
     m = build_model("squeezenet1_1", 7)
     p = next(m.parameters())
