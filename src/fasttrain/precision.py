@@ -27,6 +27,20 @@ class Precision:
     def scaler(self, device_type: str) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(device_type, enabled=self.grad_scaler)
 
+    def not_native_on(self, device: torch.device) -> str | None:
+        """Why this precision's figures on `device` are not what it buys where the hardware has it,
+        or None. A GPU below compute capability 8.0 (V100, T4, RTX 20xx) has no bf16 units: torch
+        computes bf16 matrix products in fp32 there, slower than fp32 itself, and cuDNN has no bf16
+        convolutions for it, so a bf16 run is slow or stops at its first convolution."""
+        if self.autocast_dtype is not torch.bfloat16 or device.type != "cuda":
+            return None
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return None
+        major, minor = torch.cuda.get_device_capability(device)
+        return (f"precision bf16: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no "
+                f"bf16 hardware, which needs 8.0: torch emulates bf16 products in fp32, slower than fp32, and cuDNN "
+                f"may refuse bf16 convolutions; this GPU's half precision is fp16 (autocast, amp)")
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype autocast runs matrix products and convolutions in."""

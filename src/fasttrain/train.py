@@ -304,7 +304,8 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
     no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
     no_overlap = overlap_unavailable_reason(cfg, rt.parallel, precision) if cfg.overlap_optimizer else None
-    for why_not in (no_graphs, no_overlap):  # a switch this variant cannot take: it runs without, and says so
+    # a switch this variant cannot take (it runs without), or a precision this GPU lacks: said once, kept
+    for why_not in (no_graphs, no_overlap, precision.not_native_on(rt.device)):
         if why_not not in (None, "off"):
             log(why_not)
             rt.warnings.append(why_not)

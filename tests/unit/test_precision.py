@@ -57,3 +57,21 @@ def test_dataparallel_replicas_run_in_the_configured_dtype(name, device_ids):
     with precision.autocast("cuda"):
         dp(torch.randn(4, 8, device="cuda"))
     assert len(seen) == 4 and set(seen) == {precision.compute_dtype}
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_gpu_without_bf16_hardware_says_so_and_what_to_use(monkeypatch, native):
+    """A V100 (compute capability 7.0) as torch describes it: bf16 tensors work, native bf16 does not."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if native else (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    gpu = torch.device("cuda", 0)
+    said = PRECISIONS["bf16"].not_native_on(gpu)
+    if native:
+        assert said is None
+    else:
+        assert said == ("precision bf16: Tesla V100-SXM2-32GB (compute capability 7.0) has no bf16 hardware, which "
+                        "needs 8.0: torch emulates bf16 products in fp32, slower than fp32, and cuDNN may refuse bf16 "
+                        "convolutions; this GPU's half precision is fp16 (autocast, amp)")
+    assert all(PRECISIONS[name].not_native_on(gpu) is None for name in ("fp32", "autocast", "amp"))
+    assert PRECISIONS["bf16"].not_native_on(torch.device("cpu")) is None  # the CPU's own warnings say how it runs
