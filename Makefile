@@ -50,9 +50,10 @@ demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, i
 	cd .demo && git add -A && $(DEMO_GIT) commit -q -m "make demo: the run (what dvc metrics diff compares with)"
 
 # The end-to-end tests wait on processes (DVC, torchrun, interpreters starting) as much as they
-# compute: two workers (pytest-xdist, one test file each at a time) keep both of CI's cores busy.
+# compute: two workers (pytest-xdist, one test file each at a time) keep both of CI's cores busy,
+# the longest files first (tests/conftest.py).
 test: setup  ## the test suite (unit + end-to-end), as CI runs it
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder
 
 test-harness: setup  ## CPU checks of the GPU-harness scripts in scripts/gpu/ (left out of `make test`)
 	$(VENV)/bin/python -m pytest -q -m harness
