@@ -33,3 +33,13 @@ def test_a_run_counts_the_gpu_tests_it_skipped_and_deselected(tmp_path):
     skipped = 0 if torch.cuda.is_available() else 2
     assert f"GPU tests not run: {skipped} skipped, 1 deselected" in out, out
     assert f"{4 - 1 - skipped} passed" in out, out
+
+
+def test_the_files_started_first_exist():
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    try:
+        import conftest
+    finally:
+        sys.path.pop(0)
+    tests = Path(__file__).parents[1]
+    assert [f for f in conftest.LONGEST_FIRST if not (tests / f).is_file()] == []
