@@ -16,7 +16,7 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
 VARIANTS := $(shell $(PYTHON) -c 'import runpy; print(*runpy.run_path("src/fasttrain/layout.py")["VARIANTS"])')
 TRAIN_TARGETS := $(addprefix train-,$(VARIANTS))
 
-.PHONY: help setup demo test test-harness repro fast bench compare metrics plots tensorboard clean $(TRAIN_TARGETS)
+.PHONY: help setup demo test test-harness repro fast bench experiments compare metrics plots tensorboard clean $(TRAIN_TARGETS)
 
 help:  ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -74,19 +74,21 @@ endif
 train-%:  # any other name: say which ones there are
 	$(error unknown variant '$*': choose one of $(VARIANTS))
 
-# `make fast`'s table: each experiment's headline figures (`dvc exp show` alone has every column)
-FAST_COLUMNS = Experiment|Created|train_seconds$$|images_per_second$$|.*/eval/single-bf16.json:test_accuracy$$|train\.(seed|epochs)$$
 # Run again with nothing changed, DVC restores the experiment's outputs from its run cache (same inputs,
 # same outputs) and measures nothing. SEED=N sets train.seed: a seed not run before trains and measures.
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
 	$(if $(SEED),$(if $(shell [[ '$(SEED)' =~ ^[0-9]+$$ ]] && echo ok),,$(error SEED=$(SEED) is not a seed: use a whole number >= 0, e.g. make fast SEED=3)))
 	flags=$$(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) && \
 	  dvc exp run --temp $$flags $(if $(SEED),-S train.seed=$(SEED)) train@single-bf16 evaluate@single-bf16
-	dvc exp show --drop '.*' --keep '$(FAST_COLUMNS)'
+	fasttrain experiments --variant single-bf16 --param train.epochs --param train.seed
 
 bench: setup  ## loaders vs compute ceiling vs bf16 peak, on the GPU (writes metrics/bench.json)
 	dvc repro download
 	fasttrain bench
+
+# `dvc exp show` has a column for every param and every metric of every file, hundreds here.
+experiments: setup  ## HEAD's DVC experiments in 120 columns: what each changed, its figures (VARIANT=v: that variant's)
+	fasttrain experiments $(if $(VARIANT),--variant $(VARIANT))
 
 compare: setup  ## re-make and print the comparison table
 	dvc repro compare

@@ -21,6 +21,7 @@ COMMANDS = {  # name -> module whose `main` is the click command
     "evaluate": "fasttrain.evaluate",
     "compare": "fasttrain.compare",
     "bench": "fasttrain.bench",
+    "experiments": "fasttrain.experiments",
 }
 SUMMARIES = {
     "download": "Fetch or read CIFAR-10 (or make the synthetic set) into data/dataset.pt.",
@@ -28,6 +29,7 @@ SUMMARIES = {
     "evaluate": "Evaluate one variant's final model on the test set.",
     "compare": "Compare every variant against single-fp32.",
     "bench": "Time the loaders against the compute ceiling and the bf16 peak.",
+    "experiments": "The DVC experiments in 120 columns: what each changed and its figures.",
 }
 
 

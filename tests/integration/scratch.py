@@ -77,6 +77,11 @@ def set_params(repo: Path, overrides: dict) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def stages_run(output: str) -> list[str]:
+    """The stages a `dvc repro` or `dvc exp run` ran, by its "Running stage '...'" lines, sorted."""
+    return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
+
+
 def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`cmd` with this Python's scripts first on PATH (and `env` added to the environment)."""

@@ -1,9 +1,11 @@
 """`make train-<parallel>-<precision>` as Make and DVC users expect it, through the real make and dvc in
 a scratch copy of the repo: nothing changed, nothing runs; FORCE=1 trains the variant again."""
 
+import re
+
 import pytest
 
-from scratch import run, set_params
+from scratch import run, set_params, stages_run
 
 pytestmark = pytest.mark.slow
 
@@ -11,10 +13,6 @@ pytestmark = pytest.mark.slow
 def make(repo, *args):
     # -o: take this Python's environment as set up, so the scratch copy never builds a .venv of its own
     return run(["make", "-o", ".venv/.installed", *args], repo, timeout=600)
-
-
-def stages_run(output: str) -> list[str]:
-    return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
 
 def test_train_target_runs_only_when_something_changed_and_force_trains_again(tiny_repo):
@@ -63,15 +61,13 @@ def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alo
     assert (tiny_repo / "params.yaml").read_bytes() == params
     assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status  # dvc.lock, outputs: all as they were
     assert not (tiny_repo / "models" / "single-bf16.pt").exists()  # a temporary workspace's
-    table = [line.split() for line in out.splitlines()]
-    header = next(row for row in table if row[:2] == ["Experiment", "Created"])
-    assert header[2:] == ["train_seconds", "images_per_second", "metrics/eval/single-bf16.json:test_accuracy",
-                          "train.epochs", "train.seed"], header  # the evaluation's accuracy (flip TTA), not train's
-    exp = next(row for row in table if len(row) > 2 and row[0] in ("└──", "├──"))
-    figures = dict(zip(header[2:], exp[-5:]))
-    assert (figures["train.epochs"], figures["train.seed"]) == ("2", "7")
-    assert 0 <= float(figures["metrics/eval/single-bf16.json:test_accuracy"]) <= 1
-    assert float(figures["images_per_second"]) > 0 and float(figures["train_seconds"]) > 0
+    header, exp = _experiments(out)[0], _experiments(out)[-1]
+    assert header == ["experiment", "created", "train.epochs", "train.seed", "train s", "images/s", "test acc"]
+    figures = dict(zip(header, exp))  # the evaluation's accuracy (flip TTA), not train's
+    assert exp[0].startswith("└─ ") and (figures["train.epochs"], figures["train.seed"]) == ("2", "7"), exp
+    assert 0 <= float(figures["test acc"]) <= 1
+    assert float(figures["images/s"].replace(",", "")) > 0 and float(figures["train s"]) > 0
+    assert max(map(len, out.splitlines()[-len(_experiments(out)):])) <= 120
 
     # the same again: DVC restores both stages from its run cache, so nothing is measured; a new seed measures
     cached = make(tiny_repo, "fast").stdout
@@ -79,10 +75,17 @@ def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alo
     assert "Stage 'train@single-bf16' is cached - skipping run" in cached, cached
     seeded = make(tiny_repo, "fast", "SEED=8").stdout
     assert stages_run(seeded) == ["evaluate@single-bf16", "train@single-bf16"], seeded  # the data set as it was
-    seeds = sorted(line.split()[-1] for line in seeded.splitlines() if line.lstrip().startswith(("├──", "└──")))
+    seeds = sorted(row[3] for row in _experiments(seeded) if row[0].startswith(("├─ ", "└─ ")))
     assert seeds == ["7", "7", "8"], seeds  # the first experiment, its restored copy, the new seed's
     assert (tiny_repo / "params.yaml").read_bytes() == params
     assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status
+
+
+def _experiments(out: str) -> list[list[str]]:
+    """`fasttrain experiments`' table at the end of make's output, as cells (columns are 2+ spaces apart)."""
+    lines = out.splitlines()
+    start = max(i for i, line in enumerate(lines) if re.match(r"experiment\s+created\s", line))
+    return [re.split(r"\s{2,}", line.strip()) for line in lines[start:] if line.strip()]
 
 
 def test_make_fast_with_a_broken_recipe_stops_before_any_experiment(tiny_repo):

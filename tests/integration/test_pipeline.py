@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scratch import REPO, TINY, record, run, set_params
+from scratch import REPO, TINY, record, run, set_params, stages_run
 from stage_imports import PACKAGE, command_modules, module_file, package_modules
 from test_plots_browser import assert_draws_offline
 
@@ -17,10 +17,6 @@ from fasttrain.layout import VARIANTS
 from fasttrain.train import HEADLINE as TRAIN_HEADLINE
 
 pytestmark = pytest.mark.slow
-
-
-def stages_run(output: str) -> list[str]:
-    return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
 
 def make_demo(repo: Path) -> Path:
@@ -132,6 +128,22 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
     speedups = {k for k in diff["metrics/compare.json"] if k.endswith(".speedup")}
     assert speedups and speedups <= {f"variants.{v}.speedup" for v in VARIANTS if v != "single-fp32"}, diff
     assert yaml.safe_load((demo / "params.yaml").read_text())["train"]["lr"] == 5e-3
+
+    # the same change as a DVC experiment (every stage restored from the run cache), then the one
+    # command that shows the experiments in 120 columns: what each changed, and compare's answer
+    run(["dvc", "exp", "run", "-S", "train.lr=0.005"], demo, timeout=1800)
+    shown = run(["make", "-s", "experiments"], demo).stdout
+    lines = shown.splitlines()
+    assert max(map(len, lines)) <= 120, shown
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[:lines.index("")]]
+    assert cells[0] == ["experiment", "created", "changed", "base img/s", "base acc", "fastest", "speed-up",
+                        "acc change"], shown
+    exp = next(row for row in cells if row[0].startswith(("├─ ", "└─ ")))
+    rows = json.loads((demo / "metrics" / "compare.json").read_text())["variants"]
+    fastest = max(rows, key=lambda v: rows[v]["speedup"])
+    assert exp[2:] == ["lr=0.005", f"{rows['single-fp32']['images_per_second']:,.0f}",
+                       f"{rows['single-fp32']['test_accuracy']:.4f}", fastest, f"{rows[fastest]['speedup']:.2f}x",
+                       f"{rows[fastest]['accuracy_change']:+.2f} pp"], shown
 
 
 def assert_each_module_edit_makes_its_stages_stale(repo):

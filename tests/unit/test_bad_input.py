@@ -282,6 +282,8 @@ CASES = {
     "resume from a finished run": Case(
         [*TRAIN, "--resume", "old.pt"], "old.pt is a finished run (2 of 2 epochs): nothing to resume",
         files=lambda root: _write(root / "old.pt", _torch_bytes(_training_checkpoint("?", 2, 2)))),
+    "experiments outside a DVC repository": Case(["experiments"],
+                                                 "dvc exp show failed: you are not inside of a DVC repository"),
 }
 
 
