@@ -30,10 +30,25 @@ from torch import nn
 
 from fasttrain.engine import synchronize
 from fasttrain import pool_kernel
-from fasttrain.models import SeparableMaxPool2d, build_model, fused_max_pools
+from fasttrain.models import build_model, fused_max_pools
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WAYS = ("aten", "aten-separable", "compiled", "compiled-separable", "fused")
+
+
+class SeparableMaxPool2d(nn.MaxPool2d):
+    """A MaxPool2d taken as a max over each window's rows, then over those row maxima (what the
+    switch train.separable_max_pool did until fused_max_pool replaced it). A window's maximum is the
+    same either way. The gradient goes to the same pixel: torch's pooling takes the first maximum in
+    reading order, and the first row holding the maximum, then its first column holding it, is that
+    pixel. Only sums of gradients that reach one pixel from several windows may add in another order.
+    Each pass looks at 3 pixels where the square window looks at 9."""
+
+    def forward(self, input):
+        k, s, p, d = (nn.modules.utils._pair(v) for v in (self.kernel_size, self.stride or self.kernel_size,
+                                                         self.padding, self.dilation))
+        rows = F.max_pool2d(input, (1, k[1]), (1, s[1]), (0, p[1]), (1, d[1]), self.ceil_mode)
+        return F.max_pool2d(rows, (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), self.ceil_mode)
 
 
 def pool_inputs(size: int) -> list[tuple[nn.MaxPool2d, tuple[int, ...]]]:

@@ -181,8 +181,7 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
            "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels,
-           "space_to_depth": cfg.space_to_depth, "separable_max_pool": cfg.separable_max_pool,
-           "relu_after_pool": cfg.relu_after_pool, "fused_max_pool": cfg.fused_max_pool,
+           "space_to_depth": cfg.space_to_depth, "fused_max_pool": cfg.fused_max_pool,
            "overlap_optimizer": cfg.overlap_optimizer,
            "compile_seconds": round(compile_seconds, 3),
            "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
@@ -253,8 +252,6 @@ def to_markdown(result: dict) -> str:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
         name += ", 8 channels (pad_channels)" if case.get("pad_channels") else ""
         name += ", space-to-depth first conv" if case.get("space_to_depth") else ""
-        name += ", separable max pools" if case.get("separable_max_pool") else ""
-        name += ", ReLU after the pools" if case.get("relu_after_pool") else ""
         name += ", fused ReLU + max pool kernels" if case.get("fused_max_pool") else ""
         name += ", classifier's AdamW during the backward" if case.get("overlap_optimizer") else ""
         for path, r in case["paths"].items():

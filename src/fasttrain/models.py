@@ -151,20 +151,6 @@ def space_to_depth_first_conv(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
-class SeparableMaxPool2d(nn.MaxPool2d):
-    """A MaxPool2d (train.separable_max_pool) taken as a max over each window's rows, then over
-    those row maxima. A window's maximum is the same either way. The gradient goes to the same
-    pixel: torch's pooling takes the first maximum in reading order, and the first row holding the
-    maximum, then its first column holding it, is that pixel. Only sums of gradients that reach
-    one pixel from several windows may add in another order. Each pass looks at 3 pixels where the
-    square window looks at 9, which the compiled backward pays for again and again."""
-
-    def forward(self, input):
-        k, s, p, d = _pool_geometry(self)
-        rows = F.max_pool2d(input, (1, k[1]), (1, s[1]), (0, p[1]), (1, d[1]), self.ceil_mode)
-        return F.max_pool2d(rows, (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), self.ceil_mode)
-
-
 def _pool_geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], ...]:
     """The pool's kernel size, stride (the kernel size where none is given), padding and dilation,
     each as a (height, width) pair."""
@@ -172,36 +158,16 @@ def _pool_geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], ...]:
                                                       pool.padding, pool.dilation))
 
 
-def separable_max_pools(model: nn.Module, name: str) -> nn.Module:
-    """Every MaxPool2d of the model taken the separable way (see SeparableMaxPool2d)."""
-    pools = [m for m in model.modules() if type(m) is nn.MaxPool2d]
-    if not pools or any(m.return_indices for m in pools):
-        raise FasttrainError(f"train.separable_max_pool: true needs a model with MaxPool2d layers (that do not "
-                             f"return indices), which {name} is not: set it to false")
-    for m in pools:
-        m.__class__ = SeparableMaxPool2d
-    return model
-
-
 def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
-    """The model as train's switches make it (pad_channels, space_to_depth, separable_max_pool,
-    relu_after_pool, fused_max_pool; `cfg` is the train section), each the same function and
-    parameters. A switch the model cannot take is a one-line FasttrainError naming it: check_train
-    builds it on the meta device."""
-    if cfg.fused_max_pool and (cfg.separable_max_pool or cfg.relu_after_pool):
-        taken = [k for k in ("separable_max_pool", "relu_after_pool") if getattr(cfg, k)]
-        raise FasttrainError(f"train.fused_max_pool: true computes each ReLU and max pool in one kernel of its own, "
-                             f"so it cannot take train.{' or train.'.join(taken)} too: set one of them to false")
+    """The model as train's switches make it (pad_channels, space_to_depth, fused_max_pool; `cfg` is
+    the train section), each the same function and parameters. A switch the model cannot take is a
+    one-line FasttrainError naming it: check_train builds it on the meta device."""
     if cfg.fused_max_pool:
         model = fused_max_pools(model, name)
     if cfg.pad_channels:
         model = pad_first_conv(model, name)
     if cfg.space_to_depth:
         model = space_to_depth_first_conv(model, name)
-    if cfg.separable_max_pool:
-        model = separable_max_pools(model, name)
-    if cfg.relu_after_pool:
-        model = relu_after_pools(model, name)
     return model
 
 
@@ -249,25 +215,6 @@ def fused_max_pools(model: nn.Module, name: str) -> nn.Module:
     if not fused:
         raise FasttrainError(f"train.fused_max_pool: true needs a model whose ReLU feeds a MaxPool2d (square, "
                              f"dilation 1) in an nn.Sequential, which {name} is not: set it to false")
-    return model
-
-
-def relu_after_pools(model: nn.Module, name: str) -> nn.Module:
-    """Each ReLU that feeds a MaxPool2d in an nn.Sequential (AlexNet's conv -> ReLU -> pool) moved after
-    the pool. The same function, forward and backward: max(relu(x)) = relu(max(x)), and where the
-    window's maximum is positive both give its gradient to the same pixel (ReLU leaves positive values
-    and so the pool's choice alone), where it is not both give none. Neither layer has parameters, so
-    the state dict keeps its keys and loads into the bare model."""
-    moved = 0
-    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
-        keys = list(seq._modules)
-        for a, b in zip(keys, keys[1:]):
-            if isinstance(seq._modules[a], nn.ReLU) and isinstance(seq._modules[b], nn.MaxPool2d):
-                seq._modules[a], seq._modules[b] = seq._modules[b], seq._modules[a]
-                moved += 1
-    if not moved:
-        raise FasttrainError(f"train.relu_after_pool: true needs a model whose ReLU feeds a MaxPool2d in an "
-                             f"nn.Sequential, which {name} is not: set it to false")
     return model
 
 

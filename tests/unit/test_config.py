@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -91,7 +93,6 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     p = config.from_dict(raw)
     assert (p.data.loader, p.train.batch_size, p.train.compile) == ("gpu", 512, True)
     assert (p.train.space_to_depth, p.train.fused_max_pool, p.train.pad_channels) == (True, True, False)
-    assert not (p.train.separable_max_pool or p.train.relu_after_pool)  # fused_max_pool takes neither
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
 
@@ -123,6 +124,15 @@ def test_the_run_section_changes_no_checkpoints_key_and_a_result_key_does():
     assert digest({"run": {"log_every_steps": 1, "checkpoint_every": 1, "max_restarts": 3}}) == base
     assert digest({"train": {"lr": 3e-4}}) != base
     assert "run" not in resolved_config(config.from_dict({}), "single", "fp32", 1)
+
+
+@pytest.mark.parametrize("key", sorted(config.REMOVED))
+def test_a_switch_that_was_removed_says_why_and_where_its_evidence_is(key):
+    section, name = key.split(".")
+    with pytest.raises(FasttrainError, match=rf"^params key '{key}' was removed: .* \(docs/[a-z-]+\.md\); delete it$"):
+        config.from_dict({section: {name: True}})
+    doc = config.REMOVED[key].rsplit("(", 1)[1].rstrip(")")
+    assert (Path(__file__).parents[2] / doc).is_file(), doc
 
 
 def test_a_key_that_moved_to_the_run_section_says_where():
