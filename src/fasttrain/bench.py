@@ -182,7 +182,6 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
            "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels,
            "space_to_depth": cfg.space_to_depth, "fused_max_pool": cfg.fused_max_pool,
-           "overlap_optimizer": cfg.overlap_optimizer,
            "compile_seconds": round(compile_seconds, 3),
            "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
            "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
@@ -253,7 +252,6 @@ def to_markdown(result: dict) -> str:
         name += ", 8 channels (pad_channels)" if case.get("pad_channels") else ""
         name += ", space-to-depth first conv" if case.get("space_to_depth") else ""
         name += ", fused ReLU + max pool kernels" if case.get("fused_max_pool") else ""
-        name += ", classifier's AdamW during the backward" if case.get("overlap_optimizer") else ""
         for path, r in case["paths"].items():
             if path == "gpu_loader":
                 path += " (Triton kernel)" if case.get("gpu_loader_kernel") else " (tensor ops)"

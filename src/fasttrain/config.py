@@ -73,7 +73,6 @@ class TrainConfig:
     pad_channels: bool = False  # gpu loader: training batches padded to 8 channels (zeros) for cuDNN
     space_to_depth: bool = False  # the first (strided) convolution computed on space-to-depth input, same function
     fused_max_pool: bool = False  # each ReLU -> max pool pair as one Triton kernel forward, one backward: same function
-    overlap_optimizer: bool = False  # AdamW's step of the model's last part runs during the rest's backward: same update
     cuda_graphs: bool = True  # replay the whole step from CUDA graphs (GPU; dp and the CPU run eagerly); capture time reported apart
     deterministic: bool = False  # bit-identical weights from the same params on one device (deterministic kernels)
     compile: bool = False  # torch.compile; its time is reported apart
@@ -112,6 +111,7 @@ MOVED = {f"train.{k}": f"run.{k}" for k in ("log_every_steps", "checkpoint_every
 REMOVED = {
     "train.separable_max_pool": "fused_max_pool took its place (docs/space-to-depth.md)",
     "train.relu_after_pool": "it measured 1.6% slower on an H200 (docs/space-to-depth.md)",
+    "train.overlap_optimizer": "it measured 2.1% slower on an H200 (docs/fast-recipe.md)",
 }
 
 # names other tools give these settings, where spelling alone would not lead to ours

@@ -29,7 +29,6 @@ class Trainable:
     grad_clip: float | None = None  # the largest L2 norm of all gradients together (None: no clipping)
     compiled_batch: int | None = None  # train.compile: the batch size `net` is compiled for
     eager_net: nn.Module | None = None  # train.compile: `net` uncompiled, for any other batch size
-    late_step: LateStep | None = None  # train.overlap_optimizer
 
     def net_for(self, batch: int) -> nn.Module:
         """The net for a batch of this many images. Compiled, one graph per batch size would cost a
@@ -44,34 +43,21 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     replayed from CUDA graphs) the optimizer is capturable and its lr a device tensor, so a
     scheduler's changes reach the recorded kernels."""
     cfg = params.train
-    overlap = cfg.overlap_optimizer and overlap_unavailable_reason(cfg, rt.parallel, precision) is None
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
     model = with_switches(build_model(params.model.name, num_classes).to(rt.device), cfg, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     raw = parallel.prepare_model(model, rt, cfg.sync_bn)
-    groups: list = list(raw.parameters())
-    if overlap:
-        late = late_part(raw)
-        late.register_forward_pre_hook(torch.compiler.disable(_compiled_apart))  # (imports torch._dynamo)
-        late_ids = {id(p) for p in late.parameters()}
-        groups = [{"params": [p for p in raw.parameters() if id(p) not in late_ids]},  # EARLY
-                  {"params": list(late.parameters())}]  # LATE
     net = eager = parallel.wrap(AutocastForward(raw, precision), rt, graphs)
     if cfg.compile:
         # Static shapes, compiled in warm_up for the full batch at each training resolution; a
         # dynamic-shape graph would be slower and recompile in the middle of training.
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
     lr = torch.tensor(cfg.lr, device=rt.device) if graphs else cfg.lr
-    optimizer = AdamW(groups, lr=lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+    optimizer = AdamW(raw.parameters(), lr=lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay,
                       fused=cfg.fused_adamw and rt.device.type == "cuda", capturable=graphs)
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip,
-                     cfg.batch_size // rt.world_size if cfg.compile else None, eager if cfg.compile else None,
-                     LateStep(optimizer, optimizer.param_groups[LATE]["params"], rt.device) if overlap else None)
-
-
-# train.overlap_optimizer's two parameter groups: the model less its last part, and that last part
-EARLY, LATE = 0, 1
+                     cfg.batch_size // rt.world_size if cfg.compile else None, eager if cfg.compile else None)
 
 
 def _eager(method):
@@ -83,8 +69,7 @@ def _eager(method):
 
 
 class AdamW(torch.optim.AdamW):
-    """torch's AdamW, whose step can also be taken one parameter group at a time (LateStep), and
-    which imports no torch._dynamo in a process that does not compile (_eager)."""
+    """torch's AdamW, which imports no torch._dynamo in a process that does not compile (_eager)."""
 
     def step(self, closure=None):
         # what step's decorator does besides its graph break: gradients off unless differentiable
@@ -103,90 +88,6 @@ class AdamW(torch.optim.AdamW):
     def load_state_dict(self, state_dict: dict) -> None:
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
 
-    def step_group(self, index: int) -> None:
-        groups = self.param_groups
-        self.param_groups = [groups[index]]
-        try:
-            self.step()  # the instance's step, which schedulers and step hooks wrap
-        finally:
-            self.param_groups = groups
-
-
-class LateStep:
-    """train.overlap_optimizer: AdamW's step for the model's last part (AlexNet's classifier, 54.6 M of
-    its 57.0 M parameters) starts as soon as the backward has accumulated that part's gradients, on a
-    second CUDA stream, while the backward of the layers before it goes on; the other parameters step
-    after the backward, as always. The same update: AdamW treats each parameter on its own, so which
-    group steps first changes nothing. It needs each gradient final once accumulated: no GradScaler
-    (amp unscales and checks all gradients first), no clipping (the norm of all of them), no ddp (its
-    all-reduce comes after) and no dp (it gathers the replicas' gradients at the very end):
-    overlap_unavailable_reason."""
-
-    def __init__(self, optimizer: AdamW, late: list[nn.Parameter], device: torch.device):
-        self.optimizer, self.count = optimizer, len(late)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # the CPU steps in the hook
-        self.waiting: int | None = None  # late gradients still to come in train_step's backward (None: not in one)
-        for p in late:
-            p.register_post_accumulate_grad_hook(self._accumulated)
-
-    def _accumulated(self, _param: nn.Parameter) -> None:
-        if self.waiting is None:  # a backward without a step (warm_up's)
-            return
-        self.waiting -= 1
-        if self.waiting == 0:
-            self._step_late()
-
-    def _step_late(self) -> None:
-        if self.stream is None:
-            self.optimizer.step_group(LATE)
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))  # the gradients, made there
-        with torch.cuda.stream(self.stream):
-            self.optimizer.step_group(LATE)
-
-    def backward_and_step(self, loss: torch.Tensor) -> None:
-        self.waiting = self.count
-        try:
-            loss.backward()
-        finally:
-            waiting, self.waiting = self.waiting, None
-        if waiting:  # a late parameter got no gradient (unused): AdamW skips it, the others step now
-            self._step_late()
-        if self.stream is not None:  # the next forward reads the late part's new weights
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
-        self.optimizer.step_group(EARLY)
-
-
-def _compiled_apart(module: nn.Module, args: tuple) -> None:
-    """A forward pre-hook that torch.compile does not trace (torch.compiler.disable): the compiled graph breaks before the late
-    part, which becomes a graph of its own, and so does its backward, so the late part's gradients are
-    accumulated before the backward of the layers before it starts (one graph would hand every
-    gradient over at its end)."""
-    return None
-
-
-def late_part(model: nn.Module) -> nn.Module:
-    """The model's last top-level module with parameters (AlexNet's and VGG's classifier, ResNet's fc):
-    the first whose gradients the backward finishes."""
-    return [m for m in model.children() if next(m.parameters(), None) is not None][-1]
-
-
-def overlap_unavailable_reason(cfg: config.TrainConfig, parallel_name: str, precision: Precision) -> str | None:
-    """Why this variant steps after the backward as usual under train.overlap_optimizer (None: it can
-    overlap; LateStep says what it needs). The pipeline's other variants run, and say so in their
-    metrics' warnings, as with train.cuda_graphs."""
-    if parallel_name != "single":
-        why = ("its all-reduce of the gradients comes after the backward has them" if parallel_name == "ddp"
-               else "nn.DataParallel gathers the replicas' gradients at the backward's end")
-        return f"train.overlap_optimizer: {parallel_name} steps after the backward as usual: {why}"
-    if precision.grad_scaler:
-        return (f"train.overlap_optimizer: {precision.name} steps after the backward as usual: its GradScaler "
-                f"unscales and checks every gradient before any step")
-    if cfg.grad_clip is not None:
-        return (f"train.overlap_optimizer: steps after the backward as usual with train.grad_clip = {cfg.grad_clip}: "
-                f"clipping needs the norm of every gradient before any step")
-    return None
-
 
 def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
                y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -195,9 +96,6 @@ def train_step(t: Trainable, precision: Precision, x: torch.Tensor,
     with precision.autocast(x.device.type):
         loss = F.cross_entropy(t.net_for(len(x))(x), y, label_smoothing=t.label_smoothing)
     t.optimizer.zero_grad(set_to_none=True)
-    if t.late_step is not None:  # (no GradScaler, no clipping: overlap_unavailable_reason)
-        t.late_step.backward_and_step(loss)
-        return loss.detach(), None
     t.scaler.scale(loss).backward()
     grad_norm = None
     if t.grad_clip is not None:

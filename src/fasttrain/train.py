@@ -31,7 +31,7 @@ from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups,
-                              input_channels, input_dtype, nondeterministic_ops_recorded, overlap_unavailable_reason,
+                              input_channels, input_dtype, nondeterministic_ops_recorded,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, on_meta, with_switches
@@ -303,9 +303,8 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
     set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
     no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
-    no_overlap = overlap_unavailable_reason(cfg, rt.parallel, precision) if cfg.overlap_optimizer else None
     # a switch this variant cannot take (it runs without), or a precision this GPU lacks: said once, kept
-    for why_not in (no_graphs, no_overlap, precision.not_native_on(rt.device)):
+    for why_not in (no_graphs, precision.not_native_on(rt.device)):
         if why_not not in (None, "off"):
             log(why_not)
             rt.warnings.append(why_not)
@@ -630,7 +629,7 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "space_to_depth", "fused_max_pool", "overlap_optimizer", "compile",
+               "space_to_depth", "fused_max_pool", "compile",
                "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
 

@@ -72,49 +72,6 @@ def test_under_amp_the_metrics_count_the_steps_gradscaler_skipped_and_give_its_f
     assert math.isfinite(metrics["train_loss"])  # the loss itself was finite: a skip is no failure
 
 
-@pytest.mark.parametrize("precision, extra, runs_overlapped", [
-    ("fp32", {}, True),
-    ("amp", {}, False),
-    ("fp32", {"grad_clip": 1.0}, False),
-])
-def test_overlap_optimizer_runs_where_it_can_and_the_other_variants_say_why_not(tmp_path, precision, extra,
-                                                                                 runs_overlapped):
-    """train.overlap_optimizer is a params.yaml switch every variant of the pipeline reads: amp and clipping
-    (as dp and ddp) train with the usual step and name the reason in their metrics' warnings and log."""
-    logged, built = [], []
-    real_build = engine.build_trainable
-
-    def build(*args, **kwargs):
-        built.append(real_build(*args, **kwargs))
-        return built[-1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fasttrain.train.build_trainable", build)
-        metrics = train(_params(epochs=1, overlap_optimizer=True, **extra), PRECISIONS[precision],
-                        parallel.setup("single", "cpu"), _layout(tmp_path), log=logged.append)
-    assert (built[0].late_step is not None) == runs_overlapped
-    assert len(built[0].optimizer.param_groups) == (2 if runs_overlapped else 1)
-    reasons = [w for w in metrics["warnings"] if w.startswith("train.overlap_optimizer")]
-    if runs_overlapped:
-        assert reasons == []
-    else:
-        why = ("amp steps after the backward as usual: its GradScaler unscales and checks every gradient"
-               if precision == "amp" else "steps after the backward as usual with train.grad_clip = 1.0")
-        assert len(reasons) == 1 and why in reasons[0] and reasons[0] in logged
-    assert math.isfinite(metrics["train_loss"])
-
-
-@pytest.mark.parametrize("parallel_name, why", [
-    ("ddp", "its all-reduce of the gradients comes after the backward has them"),
-    ("dp", "nn.DataParallel gathers the replicas' gradients at the backward's end"),
-])
-def test_overlap_optimizer_under_dp_and_ddp_is_the_usual_step_and_says_why(parallel_name, why):
-    cfg = _params(overlap_optimizer=True).train
-    assert engine.overlap_unavailable_reason(cfg, parallel_name, PRECISIONS["bf16"]) == (
-        f"train.overlap_optimizer: {parallel_name} steps after the backward as usual: {why}")
-    assert engine.overlap_unavailable_reason(cfg, "single", PRECISIONS["bf16"]) is None
-
-
 def test_the_seed_is_recorded_and_decides_the_run(tmp_path, monkeypatch):
     """The seed decides the initial weights and the order of the training images, each on its own
     (either would tell two trained models apart without the other), and a whole run: the same seed
