@@ -85,7 +85,8 @@ def _experiments(out: str) -> list[list[str]]:
     """`fasttrain experiments`' table at the end of make's output, as cells (columns are 2+ spaces apart)."""
     lines = out.splitlines()
     start = max(i for i, line in enumerate(lines) if re.match(r"experiment\s+created\s", line))
-    return [re.split(r"\s{2,}", line.strip()) for line in lines[start:] if line.strip()]
+    table = [re.split(r"\s{2,}", line.strip()) for line in lines[start:] if line.strip()]
+    return [row for row in table if len(row) == len(table[0])]  # (not make's "Leaving directory" under make -w)
 
 
 def test_make_fast_with_a_broken_recipe_stops_before_any_experiment(tiny_repo):
