@@ -30,7 +30,7 @@ from torch import nn
 
 from fasttrain.engine import synchronize
 from fasttrain import pool_kernel
-from fasttrain.models import build_model, fused_max_pools
+from fasttrain.models import _pool_geometry, build_model, fused_max_pools
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 WAYS = ("aten", "aten-separable", "compiled", "compiled-separable", "fused")
@@ -45,8 +45,7 @@ class SeparableMaxPool2d(nn.MaxPool2d):
     Each pass looks at 3 pixels where the square window looks at 9."""
 
     def forward(self, input):
-        k, s, p, d = (nn.modules.utils._pair(v) for v in (self.kernel_size, self.stride or self.kernel_size,
-                                                         self.padding, self.dilation))
+        k, s, p, d = _pool_geometry(self)
         rows = F.max_pool2d(input, (1, k[1]), (1, s[1]), (0, p[1]), (1, d[1]), self.ceil_mode)
         return F.max_pool2d(rows, (k[0], 1), (s[0], 1), (p[0], 0), (d[0], 1), self.ceil_mode)
 

@@ -114,6 +114,15 @@ REMOVED = {
     "train.overlap_optimizer": "it measured 2.1% slower on an H200 (docs/fast-recipe.md)",
 }
 
+def _retired(key: str) -> str | None:
+    """What to do with a key an older params.yaml may still have: where it moved, or why it was removed."""
+    if key in MOVED:
+        return f"params key '{key}' is now '{MOVED[key]}': move it there"
+    if key in REMOVED:
+        return f"params key '{key}' was removed: {REMOVED[key]}; delete it"
+    return None
+
+
 # names other tools give these settings, where spelling alone would not lead to ours
 ALIASES = {"learning_rate": "lr", "num_epochs": "epochs", "n_epochs": "epochs", "bs": "batch_size",
            "lr_scheduler": "scheduler", "schedule": "scheduler", "wd": "weight_decay",
@@ -208,12 +217,9 @@ def _section(cls, section: str, raw) -> object:
         raise FasttrainError(f"params section '{section}' must be a mapping, got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
-    moved = [f"{section}.{k}" for k in unknown if f"{section}.{k}" in MOVED]
-    if moved:
-        raise FasttrainError(f"params key '{moved[0]}' is now '{MOVED[moved[0]]}': move it there")
-    removed = [f"{section}.{k}" for k in unknown if f"{section}.{k}" in REMOVED]
-    if removed:
-        raise FasttrainError(f"params key '{removed[0]}' was removed: {REMOVED[removed[0]]}; delete it")
+    retired = [why for why in (_retired(f"{section}.{k}") for k in unknown) if why]
+    if retired:
+        raise FasttrainError(retired[0])
     if unknown:
         raise FasttrainError(f"unknown key '{section}.{unknown[0]}' in params{did_you_mean(unknown[0], fields)}; "
                              f"valid keys: {', '.join(fields)}")
