@@ -5,7 +5,7 @@
 
 It shares no code with fasttrain. The model is a bare torchvision one (`--model`, default alexnet)
 that loads the checkpoint's weights with strict=True, so a model that trained with fasttrain's
-speed switches (space_to_depth, pad_channels, channels_last, compile) must still be that
+speed switches (space_to_depth, fused_max_pool, channels_last, compile) must still be that
 torchvision model. The test images are read from the data set as it was given: an image-folder
 archive (.tar.gz) or folder (test/<class>/<image>, classes in sorted order), or the official
 cifar-10-python.tar.gz. Each image goes through PIL's Resize(img_size) and ToTensor, as a

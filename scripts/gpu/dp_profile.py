@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from fasttrain import config, parallel
-from fasttrain.engine import build_trainable, input_channels, input_dtype, random_batch, synchronize, train_step
+from fasttrain.engine import build_trainable, input_dtype, random_batch, synchronize, train_step
 from fasttrain.precision import PRECISIONS
 
 DP_PARTS = ("scatter", "replicate", "parallel_apply", "gather")
@@ -52,7 +52,7 @@ def measure(params: config.Params, parallel_name: str, precision_name: str, batc
         t.net = torch.nn.DataParallel(t.net.module, device_ids=t.net.device_ids)
     named_dp_parts(t.net)
     x, y = random_batch(batch, params.train.img_size, 10, rt.device, input_dtype(params, precision),
-                        params.train.channels_last, input_channels(params))
+                        params.train.channels_last)
     for _ in range(10):  # warm-up: cuDNN, AdamW's state, the scaler
         train_step(t, precision, x, y)
     synchronize(rt.device)

@@ -1,15 +1,14 @@
 """Instructions per output value of the gpu loader's Triton kernel, compiled for a GPU without one.
 
-    python scripts/gpu/kernel_sass.py [--arch 90] [--block N] [--channels 8] [FILE ...]
+    python scripts/gpu/kernel_sass.py [--arch 90] [--block N] [FILE ...]
 
 Compiles `src/fasttrain/batch_kernel.py`'s kernel (or the same kernel in each FILE, e.g. an older
 version from `git show REV:src/fasttrain/batch_kernel.py > old.py`) ahead of time for sm_ARCH with
 Triton's own compiler and ptxas, disassembles it, and counts the SASS instructions one thread runs
 (the kernel has no loops, so that count is the per-thread work). Times threads per program over
 output values per program, that is the work per value, for the loader's case in docs/loader-kernel.md: batch of 32 px RGB
-images, augmented, resized to 227 px, bf16, channels_last; `--channels 8` counts train.pad_channels'
-output (3 image channels and 5 zero ones, stored as one tile per program), whose values include the
-zeros. A count, not a timing: it says where a change moves the arithmetic, and the GPU has the last
+images, augmented, resized to 227 px, bf16, channels_last (an older kernel that could pad the output
+with zero channels is counted unpadded). A count, not a timing: it says where a change moves the arithmetic, and the GPU has the last
 word.
 """
 
@@ -53,17 +52,14 @@ def instructions(sass: str) -> int:
     return sum(1 for line in sass.splitlines() if INSTRUCTION.match(line))
 
 
-def per_value(path: Path, arch: int, block: int | None, channels: int | None = None) -> tuple[int, int, float]:
+def per_value(path: Path, arch: int, block: int | None) -> tuple[int, int, float]:
     module = load_module(path)
     kernel = module._kernel()
     names = kernel.arg_names
     block = block or module.BLOCK
-    per_pixel = "n_pix" in names  # a program makes BLOCK pixels x C_OUT channels; else BLOCK values
-    c_out = channels or CASE["C"]
-    if c_out != CASE["C"] and "C_OUT" not in names:
-        raise SystemExit(f"{path}: this kernel has no padded output (no C_OUT)")
-    padded = {"C_OUT": c_out, "TILE": c_out > CASE["C"], "CP": triton.next_power_of_2(c_out)}
-    consts = {**CASE, **padded, "BLOCK": block, **({"WIDE": False} if "WIDE" in names else {})}
+    per_pixel = "n_pix" in names  # a program makes BLOCK pixels x C channels; else BLOCK values
+    unpadded = {"C_OUT": CASE["C"], "TILE": False, "CP": triton.next_power_of_2(CASE["C"])}  # older kernels' padding
+    consts = {**CASE, **unpadded, "BLOCK": block, **({"WIDE": False} if "WIDE" in names else {})}
     consts = {k: v for k, v in consts.items() if k in names}
     signature = {}
     for name in names:
@@ -76,7 +72,7 @@ def per_value(path: Path, arch: int, block: int | None, channels: int | None = N
         else:
             signature[name] = "i32"  # the element / pixel count
     count = instructions(compiled_sass(kernel, signature, consts, arch))
-    values = block * c_out if per_pixel else block  # (c_out is C for a kernel without C_OUT: checked above)
+    values = block * CASE["C"] if per_pixel else block
     return count, values, count * NUM_WARPS * 32 / values
 
 
@@ -85,11 +81,9 @@ def main() -> None:
     parser.add_argument("files", nargs="*", type=Path, default=[REPO / "src/fasttrain/batch_kernel.py"])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     parser.add_argument("--block", type=int, default=None, help="BLOCK instead of the module's")
-    parser.add_argument("--channels", type=int, default=None, choices=[3, 8],
-                        help="output channels: 3, or 8 for train.pad_channels")
     args = parser.parse_args()
     for path in args.files:
-        count, values, each = per_value(path, args.arch, args.block, args.channels)
+        count, values, each = per_value(path, args.arch, args.block)
         print(f"{path}: {count} instructions per thread, {values} output values per program of "
               f"{NUM_WARPS * 32} threads: {each:.1f} thread-instructions per output value (sm_{args.arch})")
 

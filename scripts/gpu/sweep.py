@@ -24,7 +24,7 @@ import yaml
 from fasttrain import config, parallel
 from fasttrain.bench import Case, run_case
 from fasttrain.data import load_dataset
-from fasttrain.engine import (StepLog, build_trainable, input_channels, input_dtype, random_batch, synchronize,
+from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize,
                               train_step)
 from fasttrain.layout import Layout
 from fasttrain.precision import PRECISIONS
@@ -34,7 +34,7 @@ def kernel_ms_per_step(params, precision, rt, classes, batch, steps=30):
     t = build_trainable(params, precision, rt, classes)
     log = StepLog(1024, rt.device, t.scaler)
     x, y = random_batch(batch, params.train.img_size, classes, rt.device, input_dtype(params, precision),
-                        params.train.channels_last, input_channels(params))  # as bench's compute ceiling
+                        params.train.channels_last)  # as bench's compute ceiling
 
     def step():  # as the training loop
         loss, grad_norm = train_step(t, precision, x, y)

@@ -14,11 +14,6 @@ crop, flip, bilinear weights) is done once per pixel, not once per value, and in
 80M values a batch, that index arithmetic, not the store, is what the kernel spends its
 instructions on (docs/loader-kernel.md counts them: scripts/gpu/kernel_sass.py).
 
-With train.pad_channels the output has 8 channels, the last 5 zero, so that cuDNN's channels_last
-bf16/fp16 convolutions find a multiple of 8 channels and skip the padding passes they otherwise run
-on every batch (docs/pad-channels.md). The 8 values of a pixel are stored as one [BLOCK, 8] tile, a
-16-byte vector per pixel: eight separate 2-byte stores would make the loader the bottleneck.
-
 The arithmetic is PyTorch's bilinear ``align_corners=False`` (half-pixel centres, source index
 clamped at 0, lambdas from the truncated index) on the uint8 values, divided by 255 at the end;
 values agree with the reference to float32 rounding (1e-6), hence after the cast to within one
@@ -58,18 +53,15 @@ def _kernel():
 
     @triton.jit
     def gather_crop_flip_resize(src, idx, dy, dx, flip, out, n_pix, scale_h, scale_w,
-                                C: tl.constexpr, C_OUT: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+                                C: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
                                 OH: tl.constexpr, OW: tl.constexpr, PAD: tl.constexpr,
                                 AUGMENT: tl.constexpr, NHWC: tl.constexpr, WIDE: tl.constexpr,
-                                TILE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+                                BLOCK: tl.constexpr):
         # A program makes BLOCK output pixels, each in all C channels. The pixel's coordinates,
         # sample, crop, flip, four source offsets and bilinear weights are worked out once for its C
         # values, in int32 (WIDE: int64 past 2**31 pixels); only the memory offsets of the image and
-        # the output are int64. The C loads of a pixel step through its channel planes. Unpadded
-        # (C_OUT == C), each channel is stored on its own; padded (pad_channels: C_OUT > C, the rest
-        # zeros), channels_last output is one [BLOCK, CP] tile whose rows (16 bytes for 8 bf16
-        # channels) are vector stores: eight 2-byte stores 16 bytes apart were slower than the
-        # convolution padding they replace.
+        # the output are int64. The C loads of a pixel step through its channel planes, and each
+        # channel is stored on its own.
         if WIDE:
             p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         else:
@@ -113,62 +105,45 @@ def _kernel():
         hx = 1.0 - lx
         plane = src + image * (C * H * W)
         if NHWC:
-            dst = out + p.to(tl.int64) * C_OUT
+            dst = out + p.to(tl.int64) * C
         else:
-            dst = out + b.to(tl.int64) * (C_OUT * OH * OW) + (oy * OW + ox)
-        if TILE:  # channels_last, padded: a pixel's C_OUT values as one [BLOCK, CP] tile, one vector store
-            ch = tl.arange(0, CP)[None, :]
-            tile = tl.zeros([BLOCK, CP], dtype=tl.float32)
+            dst = out + b.to(tl.int64) * (C * OH * OW) + (oy * OW + ox)
         for c in tl.static_range(C):
             v00 = tl.load(plane + o00, mask=m00, other=0).to(tl.float32)
             v01 = tl.load(plane + o01, mask=m01, other=0).to(tl.float32)
             v10 = tl.load(plane + o10, mask=m10, other=0).to(tl.float32)
             v11 = tl.load(plane + o11, mask=m11, other=0).to(tl.float32)
             v = (hy * (hx * v00 + lx * v01) + ly * (hx * v10 + lx * v11)) / 255.0  # the reference's order
-            if TILE:
-                tile = tl.where(ch == c, v[:, None], tile)
-            elif NHWC:
+            if NHWC:
                 tl.store(dst + c, v.to(out.dtype.element_ty), mask=pmask)
             else:
                 tl.store(dst + c * (OH * OW), v.to(out.dtype.element_ty), mask=pmask)
             plane += H * W
-        if TILE:
-            tl.store(dst[:, None] + ch, tile.to(out.dtype.element_ty), mask=pmask[:, None] & (ch < C_OUT))
-        elif not NHWC:
-            for c in tl.static_range(C, C_OUT):  # the zero channels' planes
-                tl.store(dst + c * (OH * OW), tl.zeros([BLOCK], dtype=out.dtype.element_ty), mask=pmask)
 
     return gather_crop_flip_resize
 
 
 def gather_crop_flip_resize(images: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor | None,
                             img_size: int, channels_last: bool, dtype: torch.dtype,
-                            padding: int, channels: int | None = None) -> torch.Tensor:
+                            padding: int) -> torch.Tensor:
     """``images[idx]``, cropped/flipped by ``aug`` ([3, B]: row offset, column offset, flip bit
     into the image zero-padded by ``padding``; None: no augmentation), resized to ``img_size`` and
-    scaled to [0, 1], as ``dtype`` [B, channels, img_size, img_size] (channels_last when asked):
-    the image's C channels, then ``channels - C`` all-zero ones (default: none)."""
+    scaled to [0, 1], as ``dtype`` [B, C, img_size, img_size] (channels_last when asked)."""
     _, c, h, w = images.shape
-    channels = c if channels is None else channels
-    if channels < c:
-        raise ValueError(f"channels = {channels} is fewer than the images' {c}")
     b = idx.shape[0]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((b, channels, img_size, img_size), dtype=dtype, device=images.device,
+    out = torch.empty((b, c, img_size, img_size), dtype=dtype, device=images.device,
                       memory_format=fmt)
     if b == 0:
         return out
     images = images.contiguous()
     dy, dx, flip = (aug[0], aug[1], aug[2]) if aug is not None else (idx, idx, idx)  # unused
     n_pix = b * img_size * img_size
-    from triton import next_power_of_2  # importable: enabled() found Triton
-
     with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
         _kernel()[(-(-n_pix // BLOCK),)](
             images, idx, dy.contiguous(), dx.contiguous(), flip.contiguous(), out, n_pix,
-            h / img_size, w / img_size, C=c, C_OUT=channels, H=h, W=w, OH=img_size,
-            OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and channels > 1,
-            WIDE=n_pix + BLOCK >= INT32_PIXELS, TILE=channels_last and channels > c,
-            CP=next_power_of_2(channels), BLOCK=BLOCK)
+            h / img_size, w / img_size, C=c, H=h, W=w, OH=img_size,
+            OW=img_size, PAD=padding, AUGMENT=aug is not None, NHWC=channels_last and c > 1,
+            WIDE=n_pix + BLOCK >= INT32_PIXELS, BLOCK=BLOCK)
     return out
 

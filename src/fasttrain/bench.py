@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain import atomic, batch_kernel, config, graphs, parallel
 from fasttrain.data import load_dataset
-from fasttrain.engine import (StepLog, build_trainable, input_channels, input_dtype, random_batch, synchronize,
+from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize,
                               train_step, warm_up)
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
@@ -126,28 +126,25 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
         steps.record(loss, y.shape[0], grad_norm)
 
     dtype = input_dtype(params, precision)  # what the gpu loader hands the model
-    channels = input_channels(params)  # the gpu loader's (pad_channels); the torchvision loader's are 3
-    x0, y0 = random_batch(case.batch_size, cfg.img_size, len(dataset.classes), rt.device, dtype, cfg.channels_last,
-                          channels)
+    x0, y0 = random_batch(case.batch_size, cfg.img_size, len(dataset.classes), rt.device, dtype, cfg.channels_last)
     last = len(dataset.train_labels) % case.batch_size  # the short last batch of an epoch
     compile_seconds = warm_up(t, precision, [case.batch_size, last], cfg.img_size, len(dataset.classes),
-                              cfg.channels_last, rt.device, dtype, channels)
+                              cfg.channels_last, rt.device, dtype)
     capture_seconds = None
     if graphed:  # the same step replayed from CUDA graphs, as train.cuda_graphs runs it
         graph_step = graphs.GraphedStep(t, precision, rt)
         capture_seconds = graph_step.capture([(case.batch_size, cfg.img_size), (last, cfg.img_size)],
-                                             len(dataset.classes), cfg.channels_last, dtype, channels)
+                                             len(dataset.classes), cfg.channels_last, dtype)
 
         def step_graphed(x, y):
             loss, grad_norm = graph_step(x, y)
             steps.record(loss, y.shape[0], grad_norm)
 
     def loader(kind: str, workers: int):
-        gpu = kind == "gpu"  # the torchvision loader stays float32 with 3 channels
         return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
                                  img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
                                  seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
-                                 channels_last=cfg.channels_last, dtype=dtype, channels=channels if gpu else 3)
+                                 channels_last=cfg.channels_last, dtype=dtype)
 
     paths = {  # name: (the step, its batches)
         "torchvision_workers_0": (step, lambda: _endless(loader("torchvision", 0))),
@@ -180,7 +177,7 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
             f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
-           "fused_adamw": cfg.fused_adamw, "pad_channels": cfg.pad_channels,
+           "fused_adamw": cfg.fused_adamw,
            "space_to_depth": cfg.space_to_depth, "fused_max_pool": cfg.fused_max_pool,
            "compile_seconds": round(compile_seconds, 3),
            "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
@@ -249,7 +246,6 @@ def to_markdown(result: dict) -> str:
              "| case | path | images/s | MFU |", "|---|---|---:|---:|"]
     for case in result["cases"]:
         name = Case(case["batch_size"], case["precision"], case["compile"], case["compile_mode"]).name
-        name += ", 8 channels (pad_channels)" if case.get("pad_channels") else ""
         name += ", space-to-depth first conv" if case.get("space_to_depth") else ""
         name += ", fused ReLU + max pool kernels" if case.get("fused_max_pool") else ""
         for path, r in case["paths"].items():

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fasttrain import config, parallel
-from fasttrain.loaders import pad_channels
-from fasttrain.models import PADDED_CHANNELS, build_model, with_switches
+from fasttrain.models import build_model, with_switches
 from fasttrain.precision import AutocastForward, Precision
 
 
@@ -249,18 +248,11 @@ def input_dtype(params: config.Params, precision: Precision) -> torch.dtype:
     return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
 
 
-def input_channels(params: config.Params) -> int:
-    """Channels of the training batches the gpu loader hands the model (pad_channels: 3 + zeros)."""
-    return PADDED_CHANNELS if params.train.pad_channels else 3
-
-
 def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, dtype: torch.dtype,
-                 channels_last: bool, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch shaped, typed and laid out as the gpu loader hands it to the model (the padded
-    channels, if any, all zero)."""
+                 channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch shaped, typed and laid out as the gpu loader hands it to the model."""
     x = torch.rand(n, 3, img_size, img_size, device=device).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    x = pad_channels(x, channels, channels_last)
     return x, torch.randint(0, num_classes, (n,), device=device)
 
 
@@ -282,8 +274,7 @@ def compile_cache_lookups(since: dict | None = None) -> dict:
 
 
 def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size: int, num_classes: int,
-            channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32,
-            channels: int = 3) -> float:
+            channels_last: bool, device: torch.device, dtype: torch.dtype = torch.float32) -> float:
     """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
     autotuning happen outside the timed region; buffers (BatchNorm statistics), gradients and RNG
     are restored, so training is unchanged. Returns the seconds it took."""
@@ -293,7 +284,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     synchronize(device)
     start = time.perf_counter()
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
-        x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last, channels)  # the loader's: one graph
+        x, y = random_batch(n, img_size, num_classes, device, dtype, channels_last)  # the loader's: one graph
         with precision.autocast(device.type):
             loss = F.cross_entropy(t.net_for(n)(x), y)
         t.scaler.scale(loss).backward()

@@ -70,7 +70,7 @@ class GraphedStep:
         self.seconds_each: dict[str, dict[str, float]] = {}
 
     def capture(self, shapes: list[tuple[int, int]], num_classes: int, channels_last: bool,
-                dtype: torch.dtype, channels: int) -> float:
+                dtype: torch.dtype) -> float:
         """Capture one graph per (batch size, image size); the model, optimizer, scaler, buffers and
         RNG are left as they were, so training is unchanged. Returns the seconds it took."""
         warmup = WARMUP_STEPS_DDP if self.rt.distributed else WARMUP_STEPS
@@ -79,7 +79,7 @@ class GraphedStep:
         start = time.perf_counter()
         for n, size in dict.fromkeys(s for s in shapes if s[0] > 0):
             began = time.perf_counter()
-            x, y = random_batch(n, size, num_classes, self.rt.device, dtype, channels_last, channels)
+            x, y = random_batch(n, size, num_classes, self.rt.device, dtype, channels_last)
             self.stream.wait_stream(torch.cuda.current_stream(self.rt.device))
             with torch.cuda.stream(self.stream):
                 for _ in range(warmup):

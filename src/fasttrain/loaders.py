@@ -25,10 +25,7 @@ data:
 * Output: float32 [B, 3, img_size, img_size] in [0, 1] (ToTensor scaling, no normalisation),
   int64 labels, both on ``device``; channels_last when asked. The gpu loader can round the images
   to the precision's autocast dtype instead (``dtype``): the values the first convolution would
-  get from autocast anyway, without the float32 batch in between. Its training batches can also
-  carry all-zero channels after the three (``channels``, train.pad_channels): cuDNN's channels_last
-  half-precision convolutions need a multiple of 8 channels and otherwise pad every batch (and
-  again for the weight gradient) in passes of their own; the loader writes them in its one pass.
+  get from autocast anyway, without the float32 batch in between.
 """
 
 from __future__ import annotations
@@ -60,21 +57,17 @@ def make_train_loader(kind: str, images: torch.Tensor, labels: torch.Tensor, *, 
                       img_size: int, device: torch.device, augment: bool, seed: int,
                       rank: int = 0, world_size: int = 1, workers: int = 0,
                       pin_memory: bool = False, channels_last: bool = False,
-                      dtype: torch.dtype = torch.float32, channels: int = 3) -> Loader:
+                      dtype: torch.dtype = torch.float32) -> Loader:
     """Shuffled, sharded training batches; call ``set_epoch`` before each epoch.
 
-    ``dtype`` and ``channels`` (3, or more: all-zero channels after the image's) concern the gpu
-    loader alone; the torchvision loader always gives float32 with 3 channels, as ToTensor does.
+    ``dtype`` concerns the gpu loader alone; the torchvision loader always gives float32, as
+    ToTensor does.
     """
     _check(kind, images, labels, batch_size, img_size, rank, world_size)
-    if channels < images.shape[1] or (kind != "gpu" and channels != images.shape[1]):
-        raise FasttrainError(f"channels = {channels}: the gpu loader takes {images.shape[1]} or more, "
-                             f"the torchvision loader {images.shape[1]}")
     if kind == "gpu":  # workers / pin_memory are meaningless: the data never leaves the device
         return GpuLoader(images, labels, batch_size=batch_size, img_size=img_size, device=device,
                          train=True, augment=augment, seed=seed, rank=rank,
-                         world_size=world_size, channels_last=channels_last, dtype=dtype,
-                         channels=channels)
+                         world_size=world_size, channels_last=channels_last, dtype=dtype)
     return TorchvisionLoader(images, labels, batch_size=batch_size, img_size=img_size,
                              device=device, train=True, augment=augment, seed=seed, rank=rank,
                              world_size=world_size, workers=workers, pin_memory=pin_memory,
@@ -176,26 +169,13 @@ def to_float_resized(x: torch.Tensor, img_size: int, channels_last: bool = False
     return x.to(dtype)
 
 
-def pad_channels(x: torch.Tensor, channels: int, channels_last: bool) -> torch.Tensor:
-    """[B, C, H, W] -> [B, channels, H, W]: x, then all-zero channels (channels_last when asked)."""
-    if x.shape[1] == channels:
-        return x
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((x.shape[0], channels, *x.shape[2:]), dtype=x.dtype, device=x.device,
-                      memory_format=fmt)
-    out[:, :x.shape[1]] = x
-    out[:, x.shape[1]:] = 0
-    return out
-
-
 class GpuLoader:
     """The whole uint8 set on ``device``; batches are index slices, transforms batched ops."""
 
     def __init__(self, images, labels, *, batch_size, img_size, device, train, augment, seed,
-                 rank, world_size, channels_last, dtype=torch.float32, channels=3):
+                 rank, world_size, channels_last, dtype=torch.float32):
         self.device = torch.device(device)
         self.dtype = dtype
-        self.channels = channels  # the image's, then all-zero ones (pad_channels)
         self.images = images.to(self.device)  # once; ~150 MB for CIFAR-10 train
         self.labels = labels.to(self.device, torch.int64)
         self.batch_size, self.img_size = batch_size, img_size
@@ -248,7 +228,7 @@ class GpuLoader:
         # Several batches are gathered, augmented, converted and resized by one set of ops, then
         # handed out as views: at small batches the step is bound by kernel launches, and a loader
         # that launches half a dozen kernels per batch would cost a tenth of the throughput.
-        per_chunk = max(1, CHUNK_BYTES // (b * self.channels * 4 * self.img_size**2)) * b
+        per_chunk = max(1, CHUNK_BYTES // (b * self.images.shape[1] * 4 * self.img_size**2)) * b
         first = step * b
         for start in range(first - first % per_chunk, self.num_samples, per_chunk):
             part = order[:, start:start + per_chunk]  # views: no host work, no sync
@@ -256,13 +236,12 @@ class GpuLoader:
             if self.fused:  # one kernel, one write of the output (batch_kernel.py)
                 x = batch_kernel.gather_crop_flip_resize(
                     self.images, idx, part[1:] if self.augment else None, self.img_size,
-                    self.channels_last, self.dtype, CROP_PADDING_PX, self.channels)
+                    self.channels_last, self.dtype, CROP_PADDING_PX)
             else:
                 x = self.images.index_select(0, idx)
                 if self.augment:
                     x = crop_flip(x, part[1], part[2], part[3])
-                x = pad_channels(to_float_resized(x, self.img_size, self.channels_last, self.dtype),
-                                 self.channels, self.channels_last)
+                x = to_float_resized(x, self.img_size, self.channels_last, self.dtype)
             y = self.labels.index_select(0, idx)
             for i in range(max(0, first - start), idx.shape[0], b):
                 yield x[i:i + b], y[i:i + b]  # a slice along the batch keeps channels_last

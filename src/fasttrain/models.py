@@ -65,37 +65,14 @@ def _own_model(name: str, num_classes: int) -> nn.Module:
     return model
 
 
-PADDED_CHANNELS = 8  # train.pad_channels: bf16/fp16 channels_last convolutions want multiples of 8 (16 bytes)
-
-
-class ChannelPaddedConv2d(nn.Conv2d):
-    """A Conv2d that also takes its input with all-zero channels appended (train.pad_channels): it
-    pads its weight with zeros to match, so the result is the same convolution of the real
-    channels, and the gradient of the real weight is the padded one's first channels. Parameters,
-    state_dict and checkpoints are the plain Conv2d's; a 3-channel input is convolved as before."""
-
-    def _conv_forward(self, input, weight, bias):
-        extra = input.shape[1] - weight.shape[1] * self.groups
-        if extra > 0:
-            weight = F.pad(weight, (0, 0, 0, 0, 0, extra))  # (W, H, then in-channels at the end)
-        return super()._conv_forward(input, weight, bias)
-
-
-def first_conv(model: nn.Module, name: str, key: str = "train.pad_channels") -> nn.Conv2d:
-    """The convolution the image goes into; train.pad_channels and train.space_to_depth need it to
-    be a plain Conv2d on 3 channels that comes first (alexnet, vgg, resnet; not a model that
-    transforms its input first)."""
+def first_conv(model: nn.Module, name: str, key: str = "train.space_to_depth") -> nn.Conv2d:
+    """The convolution the image goes into; train.space_to_depth needs it to be a plain Conv2d on 3
+    channels that comes first (alexnet, vgg, resnet; not a model that transforms its input first)."""
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     if conv is None or conv.in_channels != 3 or conv.groups != 1 or getattr(model, "transform_input", False):
         raise FasttrainError(f"{key}: true needs a model whose first layer is a 3-channel "
                              f"Conv2d, which {name} is not: set it to false")
     return conv
-
-
-def pad_first_conv(model: nn.Module, name: str) -> nn.Module:
-    """Lets the model take input padded to PADDED_CHANNELS channels (see ChannelPaddedConv2d)."""
-    first_conv(model, name).__class__ = ChannelPaddedConv2d
-    return model
 
 
 def space_to_depth(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -140,7 +117,7 @@ class SpaceToDepthConv2d(nn.Conv2d):
 
 def space_to_depth_first_conv(model: nn.Module, name: str) -> nn.Module:
     """Computes the model's first convolution the space-to-depth way (see SpaceToDepthConv2d)."""
-    conv = first_conv(model, name, "train.space_to_depth")
+    conv = first_conv(model, name)
     square = (conv.kernel_size[0] == conv.kernel_size[1] and conv.stride[0] == conv.stride[1]
               and not isinstance(conv.padding, str) and conv.padding[0] == conv.padding[1])
     if not square or conv.stride[0] < 2 or conv.dilation != (1, 1) or conv.padding_mode != "zeros":
@@ -159,13 +136,11 @@ def _pool_geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], ...]:
 
 
 def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
-    """The model as train's switches make it (pad_channels, space_to_depth, fused_max_pool; `cfg` is
+    """The model as train's switches make it (space_to_depth, fused_max_pool; `cfg` is
     the train section), each the same function and parameters. A switch the model cannot take is a
     one-line FasttrainError naming it: check_train builds it on the meta device."""
     if cfg.fused_max_pool:
         model = fused_max_pools(model, name)
-    if cfg.pad_channels:
-        model = pad_first_conv(model, name)
     if cfg.space_to_depth:
         model = space_to_depth_first_conv(model, name)
     return model

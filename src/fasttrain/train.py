@@ -31,7 +31,7 @@ from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups,
-                              input_channels, input_dtype, nondeterministic_ops_recorded,
+                              input_dtype, nondeterministic_ops_recorded,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, on_meta, with_switches
@@ -53,13 +53,6 @@ def check_train(params: config.Params, world_size: int) -> None:
             raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
                                  f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
         check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
-    if cfg.pad_channels:
-        if params.data.loader != "gpu":
-            raise FasttrainError("train.pad_channels: true needs data.loader: gpu (the torchvision loader "
-                                 "gives 3 channels): set it to false or use the gpu loader")
-    if cfg.space_to_depth and cfg.pad_channels:
-        raise FasttrainError("train.space_to_depth and train.pad_channels are both true: choose one "
-                             "(space-to-depth's 48 channels need no padding): set pad_channels to false")
     with on_meta():  # every model switch the model cannot take, as training would build it (free)
         with_switches(build_model(params.model.name, 10), cfg, params.model.name)
     if cfg.batch_size < world_size:
@@ -318,7 +311,7 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
                        channels_last=cfg.channels_last, dtype=input_dtype(params, precision))
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
-                                     channels=input_channels(params), **loader_args)
+                                     **loader_args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
     step = (graphs.GraphedStep(t, precision, rt) if no_graphs is None
@@ -403,7 +396,7 @@ def _warm_up(run: _Run) -> None:
         run.train_loader.warm_up(train_sizes(cfg))
     last = run.train_loader.num_samples % run.per_rank_batch
     shape_args = (len(dataset.classes), cfg.channels_last, run.rt.device,
-                  input_dtype(run.params, run.precision), input_channels(run.params))
+                  input_dtype(run.params, run.precision))
     if cfg.compile:  # one compile per training resolution, at the full batch (Trainable.net_for)
         n, before = run.per_rank_batch, compile_cache_lookups()
         each = {size: warm_up(t, run.precision, [n], size, *shape_args) for size in train_sizes(cfg)}
@@ -418,8 +411,8 @@ def _warm_up(run: _Run) -> None:
         run.log(f"{run.variant}: compiled in {sum(each.values()):.1f} s ({shapes}); {cached}")
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
-        num_classes, channels_last, _, dtype, channels = shape_args
-        run.capture_seconds = run.step.capture(shapes, num_classes, channels_last, dtype, channels)
+        num_classes, channels_last, _, dtype = shape_args
+        run.capture_seconds = run.step.capture(shapes, num_classes, channels_last, dtype)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
                 f"in {run.capture_seconds:.1f} s")
     elif run.rt.device.type == "cuda":  # (compiled: the short last batch, which runs eagerly)
@@ -628,9 +621,8 @@ def _finish(run: _Run, wall_start: float) -> dict:
 PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model")
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
-HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "pad_channels",
-               "space_to_depth", "fused_max_pool", "compile",
-               "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
+HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "space_to_depth",
+               "fused_max_pool", "compile", "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
 
 # the record's headline figures: metrics/train/<variant>.json, what `dvc metrics show` and `dvc metrics

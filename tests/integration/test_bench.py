@@ -27,7 +27,7 @@ def test_bench_writes_every_path_and_ratio(tiny_repo):
     assert isinstance(host["load_average_1min_end"], float) and host["load_average_1min_end"] >= 0
     assert [(c["batch_size"], c["precision"]) for c in result["cases"]] == [(16, "fp32"), (16, "bf16")]
     for case in result["cases"]:
-        assert case["pad_channels"] is False
+        assert case["space_to_depth"] is False
         assert set(case["paths"]) == {"torchvision_workers_0", "gpu_loader", "compute_ceiling"}  # workers: 0
         for path in case["paths"].values():
             assert path["images_per_second"] > 0 and path["steps"] >= 3 * 2 and 0 < path["model_flop_utilisation"] <= 1
@@ -45,30 +45,6 @@ def _bench_fixture(tmp_path, **train):
     layout = Layout(tmp_path)
     save_dataset(make_synthetic(32, 10, 32, 0), layout.dataset)
     return config.from_dict({**TINY, "train": {**TINY["train"], "device": "cpu", **train}}), layout
-
-
-def test_padded_channels_reach_the_model_8_from_the_gpu_loader_and_the_ceiling_3_from_torchvision(
-        tmp_path, monkeypatch):
-    """train.pad_channels: the gpu loader's batches and the ceiling's batch carry 8 channels (3 +
-    zeros), the torchvision loader's 3; without it, every path gives 3."""
-    from fasttrain import bench, parallel
-    from fasttrain.data import load_dataset
-
-    seen = []
-    real_step = bench.train_step
-    monkeypatch.setattr(bench, "train_step", lambda t, p, x, y: (seen.append(x.shape[1]), real_step(t, p, x, y))[1])
-    channels = {}
-    for pad in (True, False):
-        params, layout = _bench_fixture(tmp_path / str(pad), pad_channels=pad)
-        dataset, rt = load_dataset(layout.dataset), parallel.setup("single", "cpu")
-        for path in ("torchvision_workers_0", "gpu_loader", "compute_ceiling"):
-            seen.clear()
-            row = bench.run_case(params, bench.parse_case("16:bf16"), dataset, rt, warmup_steps=1, min_steps=2,
-                                 min_seconds=0, log=lambda msg: None, only=(path,), rounds=1)
-            assert row["pad_channels"] is pad and list(row["paths"]) == [path]
-            channels[pad, path] = set(seen)
-    assert channels == {(True, "torchvision_workers_0"): {3}, (True, "gpu_loader"): {8}, (True, "compute_ceiling"): {8},
-                        (False, "torchvision_workers_0"): {3}, (False, "gpu_loader"): {3}, (False, "compute_ceiling"): {3}}
 
 
 def test_ratios_and_mfu_by_hand(tmp_path, monkeypatch):

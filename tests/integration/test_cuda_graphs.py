@@ -155,7 +155,7 @@ def test_graphed_and_eager_steps_give_the_same_losses_and_weights(precision):
     torch.manual_seed(1)
     t, rt = _trainable(precision, graphed=True)
     step = graphs.GraphedStep(t, PRECISIONS[precision], rt)
-    step.capture([(16, 64), (5, 64), (16, 96), (5, 96)], 10, True, torch.float32, 3)
+    step.capture([(16, 64), (5, 64), (16, 96), (5, 96)], 10, True, torch.float32)
     assert len(step.graphs) == 4
     graphed_losses = []
     for i, (x, y) in enumerate(batches):
@@ -175,7 +175,7 @@ def test_graphed_and_eager_steps_give_the_same_losses_and_weights(precision):
 def test_graphed_amp_skips_a_step_with_a_non_finite_gradient_and_counts_it():
     t, rt = _trainable("amp", graphed=True)
     step = graphs.GraphedStep(t, PRECISIONS["amp"], rt)
-    step.capture([(16, 64)], 10, True, torch.float32, 3)
+    step.capture([(16, 64)], 10, True, torch.float32)
     log = StepLog(3, rt.device, t.scaler)
     (good1, y1), (bad, y2), (good2, y3) = _batches(16, 64, 3)
     bad = bad.clone()

@@ -48,7 +48,7 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
         hparams = hparams_of(mux, variant)
         assert hparams["parallel"] == "single" and hparams["precision"] == variant.split("-")[1]
         assert hparams["model"] == "squeezenet1_1" and hparams["world_size"] == 1
-        assert "pad_channels" in hparams and "channels_last" in hparams  # the speed switches are compared too
+        assert "space_to_depth" in hparams and "channels_last" in hparams  # the speed switches are compared too
 
     # The GradScaler's loss scale: every step under amp, never without a scaler.
     scale = mux.Scalars("single-amp", "train/loss_scale")

@@ -92,7 +92,7 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
         raw[section].update(values)
     p = config.from_dict(raw)
     assert (p.data.loader, p.train.batch_size, p.train.compile) == ("gpu", 512, True)
-    assert (p.train.space_to_depth, p.train.fused_max_pool, p.train.pad_channels) == (True, True, False)
+    assert (p.train.space_to_depth, p.train.fused_max_pool) == (True, True)
     assert 0 < p.train.progressive_epochs < p.train.epochs
     check_train(p, world_size=1)
 

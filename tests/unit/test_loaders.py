@@ -327,28 +327,6 @@ def test_torchvision_workers_same_order_as_in_process():
     assert _labels(in_process) == _labels(workers)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_gpu_padded_channels_are_the_batch_then_zeros(channels_last):
-    """train.pad_channels: the same batches, with all-zero channels appended, in the same layout."""
-    images, labels = _data(n=21, size=8)
-    kw = dict(batch_size=8, img_size=11, device=CPU, augment=True, seed=4, channels_last=channels_last,
-              dtype=torch.bfloat16)
-    padded = make_train_loader("gpu", images, labels, channels=8, **kw)
-    plain = make_train_loader("gpu", images, labels, **kw)
-    for loader in (padded, plain):
-        loader.set_epoch(1)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    for (x, y), (ref, ref_y) in zip(padded, plain, strict=True):
-        assert x.shape == (y.shape[0], 8, 11, 11) and x.dtype == torch.bfloat16
-        assert x.is_contiguous(memory_format=fmt)
-        assert torch.equal(x[:, :3], ref) and torch.equal(y, ref_y)
-        assert not x[:, 3:].any()
 
 
-@pytest.mark.parametrize("kind, channels", [("gpu", 2), ("torchvision", 8)])
-def test_channels_the_loader_cannot_give_are_a_one_line_error(kind, channels):
-    images, labels = _data(n=8, size=8)
-    with pytest.raises(FasttrainError, match=f"channels = {channels}: the gpu loader takes 3 or more") as e:
-        make_train_loader(kind, images, labels, batch_size=4, img_size=8, device=CPU, augment=False,
-                          seed=0, channels=channels)
-    assert "\n" not in str(e.value)
+
