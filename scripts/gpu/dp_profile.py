@@ -20,7 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from fasttrain import config, parallel
-from fasttrain.engine import build_trainable, input_dtype, random_batch, synchronize, train_step
+from fasttrain.engine import build_trainable, random_batch, synchronize, train_step
+from fasttrain.loaders import input_dtype
 from fasttrain.precision import PRECISIONS
 
 DP_PARTS = ("scatter", "replicate", "parallel_apply", "gather")

@@ -24,9 +24,10 @@ import yaml
 from fasttrain import config, parallel
 from fasttrain.bench import Case, run_case
 from fasttrain.data import load_dataset
-from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize,
+from fasttrain.engine import (StepLog, build_trainable, random_batch, synchronize,
                               train_step)
 from fasttrain.layout import Layout
+from fasttrain.loaders import input_dtype
 from fasttrain.precision import PRECISIONS
 
 

@@ -25,11 +25,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fasttrain import atomic, batch_kernel, config, graphs, parallel
 from fasttrain.data import load_dataset
-from fasttrain.engine import (StepLog, build_trainable, input_dtype, random_batch, synchronize,
+from fasttrain.engine import (StepLog, build_trainable, random_batch, synchronize,
                               train_step, warm_up)
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import Layout
-from fasttrain.loaders import make_train_loader
+from fasttrain.loaders import input_dtype, loader_args, make_train_loader
 from fasttrain.models import build_model, check_img_size
 from fasttrain.precision import PRECISIONS
 
@@ -142,9 +142,8 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
 
     def loader(kind: str, workers: int):
         return make_train_loader(kind, dataset.train_images, dataset.train_labels, batch_size=case.batch_size,
-                                 img_size=cfg.img_size, device=rt.device, augment=params.data.augment,
-                                 seed=cfg.seed, workers=workers, pin_memory=rt.device.type == "cuda",
-                                 channels_last=cfg.channels_last, dtype=dtype)
+                                 augment=params.data.augment, seed=cfg.seed,
+                                 **{**loader_args(params, precision, rt.device), "workers": workers})
 
     paths = {  # name: (the step, its batches)
         "torchvision_workers_0": (step, lambda: _endless(loader("torchvision", 0))),

@@ -242,12 +242,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def input_dtype(params: config.Params, precision: Precision) -> torch.dtype:
-    """The dtype batches reach the model in: the gpu loader rounds them to the autocast dtype
-    (exactly what autocast would do to them), the torchvision loader gives float32."""
-    return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
-
-
 def random_batch(n: int, img_size: int, num_classes: int, device: torch.device, dtype: torch.dtype,
                  channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch shaped, typed and laid out as the gpu loader hands it to the model."""

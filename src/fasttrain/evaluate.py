@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from fasttrain import atomic, checkpoint, clock, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
-from fasttrain.engine import input_dtype
 from fasttrain.layout import Layout
-from fasttrain.loaders import make_eval_loader
+from fasttrain.loaders import loader_args, make_eval_loader
 from fasttrain.models import build_model
 from fasttrain.precision import AutocastForward, Precision
 from fasttrain.variant import run_variant, variant_options
@@ -86,11 +85,9 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
         model = model.to(memory_format=torch.channels_last)
     net = parallel.wrap_for_inference(AutocastForward(model, precision), rt)
     loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
-                              batch_size=max(1, params.evaluate.batch_size // rt.world_size), img_size=img_size,
-                              device=rt.device, rank=rt.rank, world_size=rt.world_size,
-                              workers=params.data.workers, pin_memory=params.data.pin_memory,
-                              channels_last=channels_last,
-                              dtype=input_dtype(params, precision))
+                              batch_size=max(1, params.evaluate.batch_size // rt.world_size),
+                              **loader_args(params, precision, rt.device, rt.rank, rt.world_size,
+                                            img_size=img_size, channels_last=channels_last))
     with clock.phase("eval"):
         result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
     if result.images != len(dataset.test_labels):

@@ -44,6 +44,26 @@ CROP_PADDING_PX = 4  # zero padding at the source resolution before the random c
 CHUNK_BYTES = 256 * 2**20  # gpu loader: float32 output made at once (several batches when they are small)
 
 
+def input_dtype(params, precision) -> torch.dtype:
+    """The dtype batches reach the model in: the gpu loader rounds them to the autocast dtype
+    (exactly what autocast would do to them), the torchvision loader gives float32."""
+    return precision.compute_dtype if params.data.loader == "gpu" else torch.float32
+
+
+def loader_args(params, precision, device: torch.device, rank: int = 0, world_size: int = 1, *,
+                img_size: int | None = None, channels_last: bool | None = None) -> dict:
+    """The arguments every loader of a run is made with, for train, evaluate and bench alike: the
+    resolution and layout (a trained model's own, `img_size` and `channels_last`, else the train
+    section's), the dtype batches reach the model in, this rank's shard, and the torchvision
+    loader's workers and pinned memory (pinned only where a GPU copies from it). What differs per
+    loader (the kind, the batch size, augmentation and its seed) is the caller's."""
+    return dict(img_size=params.train.img_size if img_size is None else img_size, device=device, rank=rank,
+                world_size=world_size, workers=params.data.workers,
+                pin_memory=params.data.pin_memory and device.type == "cuda",
+                channels_last=params.train.channels_last if channels_last is None else channels_last,
+                dtype=input_dtype(params, precision))
+
+
 class Loader(Protocol):
     num_samples: int  # images this rank sees per epoch (padding included for training)
 

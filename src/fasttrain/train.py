@@ -31,9 +31,9 @@ from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups,
-                              input_dtype, nondeterministic_ops_recorded,
+                              nondeterministic_ops_recorded,
                               set_deterministic, synchronize, train_step, warm_up)
-from fasttrain.loaders import GpuLoader, Loader, make_eval_loader, make_train_loader
+from fasttrain.loaders import GpuLoader, Loader, input_dtype, loader_args, make_eval_loader, make_train_loader
 from fasttrain.models import build_model, check_img_size, on_meta, with_switches
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
@@ -306,14 +306,11 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     t = build_trainable(params, precision, rt, len(dataset.classes), graphs=no_graphs is None)
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
     per_rank_batch = cfg.batch_size // rt.world_size
-    loader_args = dict(img_size=cfg.img_size, device=rt.device, rank=rt.rank, world_size=rt.world_size,
-                       workers=params.data.workers, pin_memory=params.data.pin_memory and rt.device.type == "cuda",
-                       channels_last=cfg.channels_last, dtype=input_dtype(params, precision))
+    args = loader_args(params, precision, rt.device, rt.rank, rt.world_size)
     train_loader = make_train_loader(params.data.loader, dataset.train_images, dataset.train_labels,
-                                     batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed,
-                                     **loader_args)
+                                     batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed, **args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
-                                   batch_size=max(1, params.evaluate.batch_size // rt.world_size), **loader_args)
+                                   batch_size=max(1, params.evaluate.batch_size // rt.world_size), **args)
     step = (graphs.GraphedStep(t, precision, rt) if no_graphs is None
             else lambda x, y: train_step(t, precision, x, y))
     run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,

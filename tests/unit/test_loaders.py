@@ -330,3 +330,50 @@ def test_torchvision_workers_same_order_as_in_process():
 
 
 
+
+
+# --- loader_args: the one place a run's loaders get their arguments -------------------------------
+
+def test_loader_args_pin_only_for_a_gpu_and_take_the_precision_dtype_for_the_gpu_loader():
+    from fasttrain import config
+    from fasttrain.loaders import loader_args
+    from fasttrain.precision import PRECISIONS
+
+    params = config.from_dict({"data": {"loader": "gpu", "pin_memory": True, "workers": 3},
+                               "train": {"img_size": 64, "channels_last": True}})
+    cpu = loader_args(params, PRECISIONS["bf16"], CPU, rank=1, world_size=2)
+    assert cpu == dict(img_size=64, device=CPU, rank=1, world_size=2, workers=3, pin_memory=False,
+                       channels_last=True, dtype=torch.bfloat16)
+    assert loader_args(params, PRECISIONS["bf16"], torch.device("cuda"))["pin_memory"] is True
+    unpinned = config.from_dict({"data": {"loader": "torchvision", "pin_memory": False}})
+    args = loader_args(unpinned, PRECISIONS["bf16"], torch.device("cuda"), img_size=96, channels_last=False)
+    assert (args["pin_memory"], args["dtype"], args["img_size"], args["channels_last"]) == (False, torch.float32, 96, False)
+
+
+def test_every_loader_the_product_makes_gets_its_arguments_from_loader_args():
+    """train, evaluate and bench: each make_*_loader call spreads loader_args(...) (or a name bound to
+    it) and names none of its keys itself, so the three cannot drift apart again."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import fasttrain
+    from fasttrain import config, loaders
+    from fasttrain.precision import PRECISIONS
+
+    keys = set(loaders.loader_args(config.from_dict({}), PRECISIONS["fp32"], CPU))
+    calls = []
+    for path in sorted(Path(inspect.getfile(fasttrain)).parent.glob("*.py")):
+        if path.name == "loaders.py":
+            continue
+        tree = ast.parse(path.read_text())
+        bound = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                 and getattr(node.value.func, "id", None) == "loader_args" for t in node.targets}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("make_train_loader", "make_eval_loader"):
+                spread = [k.value for k in node.keywords if k.arg is None]
+                named = {k.arg for k in node.keywords if k.arg is not None}
+                uses = any(getattr(s, "id", None) in bound or "loader_args(" in ast.unparse(s) for s in spread)
+                calls.append((path.name, node.lineno, uses, sorted(named & keys)))
+    assert {name for name, *_ in calls} == {"train.py", "evaluate.py", "bench.py"}
+    assert [c for c in calls if not c[2] or c[3]] == []
