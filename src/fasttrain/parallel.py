@@ -513,44 +513,6 @@ def all_reduce(t: torch.Tensor, rt: Runtime, op: str = "sum") -> torch.Tensor:
     return t
 
 
-@functools.cache
-def _fault_spec() -> tuple[int, int, int, bool] | None:
-    spec = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
-    if not spec:
-        return None
-    rank, at_epoch, at_step, *always = spec.split(":")
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    return int(rank), int(at_epoch), int(at_step), first_attempt or always == ["always"]
-
-
-@functools.cache
-def _signal_spec() -> tuple[signal.Signals, int, int, int] | None:
-    spec = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
-    if not spec:
-        return None
-    name, rank, at_epoch, at_step = spec.split(":")
-    return signal.Signals[name], int(rank), int(at_epoch), int(at_step)
-
-
-def inject_fault(rt: Runtime, epoch: int, step: int) -> None:
-    """Test hooks, for the restart and preemption tests only (no param: never set by accident).
-
-    FASTTRAIN_FAULT_KILL_RANK_AT="<rank>:<epoch>:<step>" makes that rank SIGKILL itself at that
-    1-based epoch and step, on torchrun's first attempt only; a fourth field "always" kills it on
-    every attempt, so the restart budget runs out.
-    FASTTRAIN_FAULT_SIGNAL_AT="<SIGNAL>:<rank>:<epoch>:<step>" makes that rank send the signal, just
-    before that step, to the process a scheduler would signal: the launcher under `fasttrain train
-    --parallel ddp`, else itself. Read once per process: this runs every step.
-    """
-    spec = _fault_spec()
-    if spec is not None and spec[3] and spec[:3] == (rt.rank, epoch, step):
-        os.kill(os.getpid(), signal.SIGKILL)
-    sig = _signal_spec()
-    if sig is not None and sig[1:] == (rt.rank, epoch, step):
-        launcher = os.environ.get(LAUNCHER_PID) if rt.distributed else None  # (a worker's, set by launch)
-        os.kill(int(launcher) if launcher else os.getpid(), sig[0])
-
-
 def teardown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
         dist.destroy_process_group()

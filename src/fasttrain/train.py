@@ -483,7 +483,6 @@ def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, fl
     synchronize(rt.device)
     start = time.perf_counter()
     for step, (x, y) in enumerate(loader.iter_from(first), start=first):
-        parallel.inject_fault(rt, epoch + 1, step + 1)
         loss, grad_norm = run.step(x, y)
         # copied on the device at once: a .item() per step would stall the GPU queue, and a graph's
         # next replay overwrites its loss; the lr each step used goes to TensorBoard

@@ -14,7 +14,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-GATE = Path(__file__).parent / "epoch_gate"  # holds a fasttrain train after its first epoch
+HOOKS = Path(__file__).parent / "hooks"  # the test hooks: the epoch gate, faults at a step (hooks/sitecustomize.py)
+HOOK_VARIABLES = ("FASTTRAIN_TEST_EPOCH_SOCKET", "FASTTRAIN_FAULT_KILL_RANK_AT", "FASTTRAIN_FAULT_SIGNAL_AT")
 
 
 def tracked_files() -> list[str]:
@@ -82,10 +83,19 @@ def stages_run(output: str) -> list[str]:
     return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
 
+def hooked(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the test hooks' folder first on PYTHONPATH where it asks for a hook (HOOK_VARIABLES):
+    only then does a fasttrain process carry them."""
+    if not any(env.get(name) for name in HOOK_VARIABLES):
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join([str(HOOKS), env.get("PYTHONPATH", "")])}
+
+
 def run(cmd: list[str], cwd: Path, timeout: float = 900, check: bool = True,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`cmd` with this Python's scripts first on PATH (and `env` added to the environment)."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1", **(env or {})}
+    """`cmd` with this Python's scripts first on PATH (and `env` added to the environment, with the
+    test hooks it asks for: hooked)."""
+    env = hooked({**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1", **(env or {})})
     proc = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -110,11 +120,11 @@ TINY = {
 def epoch_gate(backlog: int = 1, timeout: float = 300):
     """(env, listening socket). Every `fasttrain train` started with `env` added to its environment,
     however DVC starts it, reports the end of its first epoch on the socket (rank 0, after the
-    checkpoint) and waits there until the test answers or signals it (epoch_gate/sitecustomize.py),
+    checkpoint) and waits there until the test answers or signals it (hooks/sitecustomize.py),
     so "while it runs" is an event, not a guess about timing. `timeout`: for the socket's accept."""
     sock_dir = Path(tempfile.mkdtemp(prefix="ft-gate-"))  # AF_UNIX paths are limited to ~100 bytes
-    env = {"FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
-           "PYTHONPATH": os.pathsep.join([str(GATE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = hooked({"FASTTRAIN_TEST_EPOCH_SOCKET": str(sock_dir / "epoch.sock"),
+                  "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])})
     try:
         with socket.socket(socket.AF_UNIX) as server:
             server.bind(env["FASTTRAIN_TEST_EPOCH_SOCKET"])

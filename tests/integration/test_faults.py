@@ -1,7 +1,7 @@
 """Faults of the machine: a scheduler's SIGTERM/SIGUSR1, a full disk, out of GPU memory.
 
 Real processes and real signals. The signal is sent at a known step by the run itself
-(FASTTRAIN_FAULT_SIGNAL_AT, parallel.inject_fault), to the process a scheduler would signal: the
+(FASTTRAIN_FAULT_SIGNAL_AT, tests/integration/hooks), to the process a scheduler would signal: the
 run, or under ddp its torchrun launcher, which passes it on to the workers.
 """
 

@@ -3,7 +3,7 @@ several-GPU recipe runs them: a running experiment shows its first epoch in `dvc
 after the queue `dvc repro` restores both TensorBoard runs from the run-cache without training.
 
 When a run's first epoch has ended it tells the test through a socket and waits for the test to
-look (epoch_gate/sitecustomize.py), so the check happens while it runs by construction.
+look (hooks/sitecustomize.py), so the check happens while it runs by construction.
 """
 
 import json

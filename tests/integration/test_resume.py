@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import (BIN, TINY, checkpoint_file, checkpoint_of, copy_repo, epoch_gate, record, resuming_from, run,
-                     set_params)
+from scratch import (BIN, TINY, checkpoint_file, checkpoint_of, copy_repo, epoch_gate, hooked, record, resuming_from,
+                     run, set_params)
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -112,11 +112,11 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
 
     killed = scratch_repo(tmp_path / "killed", RESUMABLE)
     run(["fasttrain", "download"], killed)
-    # The run SIGKILLs itself at epoch 2, step 8 of 16 (parallel.inject_fault): mid-epoch however
-    # busy the machine is.
+    # The run SIGKILLs itself at epoch 2, step 8 of 16 (the test hooks): mid-epoch however busy
+    # the machine is.
     proc = subprocess.run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], cwd=killed,
-                          env={**env(), "FASTTRAIN_FAULT_KILL_RANK_AT": "0:2:8"}, capture_output=True, text=True,
-                          timeout=900)
+                          env=hooked({**env(), "FASTTRAIN_FAULT_KILL_RANK_AT": "0:2:8"}), capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == SIGKILLED, proc.stderr[-2000:]
     ckpt = checkpoint_file(killed, "single-fp32")
     done = checkpoint.load(ckpt)["state"]["epoch"]
@@ -401,7 +401,7 @@ def test_ddp_worker_that_dies_every_time_fails_the_run_once_restarts_are_used_up
 @pytest.mark.slow
 def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
     """Ctrl-C while the stage trains. "While" is an event, not a guess about speed: the epoch gate
-    (epoch_gate/sitecustomize.py) holds fasttrain after its first epoch, checkpoint written, until the
+    (hooks/sitecustomize.py) holds fasttrain after its first epoch, checkpoint written, until the
     SIGINT has come."""
     repo = scratch_repo(tmp_path / "repo", RESUMABLE)
     with epoch_gate() as (gate_env, server):

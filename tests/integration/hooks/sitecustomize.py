@@ -1,0 +1,114 @@
+"""Test hooks, for the end-to-end tests only: scratch.run puts this folder on PYTHONPATH whenever a
+command's environment asks for one of them, so the product's training loop carries none.
+
+- The epoch gate (scratch.epoch_gate; test_live_queue.py, test_resume.py): every `fasttrain train`
+  process, however DVC starts it (queued, in a temporary workspace), reports its first epoch's end
+  ("<variant> <pid>") to the test's socket at $FASTTRAIN_TEST_EPOCH_SOCKET and waits there until the
+  test has looked (or signals it), so "while it runs" is an event, not a guess about timing.
+- Faults at a step (the restart, preemption and full-disk tests):
+  FASTTRAIN_FAULT_KILL_RANK_AT="<rank>:<epoch>:<step>" makes that rank SIGKILL itself just before
+  that 1-based epoch and step, on torchrun's first attempt only; a fourth field "always" kills it
+  on every attempt, so the restart budget runs out.
+  FASTTRAIN_FAULT_SIGNAL_AT="<SIGNAL>:<rank>:<epoch>:<step>" makes that rank send the signal, just
+  before that step, to the process a scheduler would signal: the launcher under `fasttrain train
+  --parallel ddp`, else itself.
+
+The wraps are applied when fasttrain.train is imported: other Python processes (dvc, celery) are
+left alone and pay no torch import.
+"""
+
+import importlib.abc
+import importlib.util
+import itertools
+import os
+import signal
+import socket
+import sys
+import time
+
+SOCKET = os.environ.get("FASTTRAIN_TEST_EPOCH_SOCKET")
+KILL_AT = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
+SIGNAL_AT = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
+
+
+def _gate(module) -> None:
+    write_progress = module._write_progress  # the metrics so far, written after each epoch (main process)
+
+    def gated(run):
+        write_progress(run)
+        if run.state.history[-1].epoch == 1:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(60)
+                s.connect(SOCKET)
+                s.sendall(f"{run.variant} {os.getpid()}\n".encode())
+                # the test's go-ahead (or its end), in short waits: a SIGINT the kernel hands to another
+                # thread does not interrupt a blocked recv, and Python raises it only between waits
+                s.settimeout(0.1)
+                deadline = time.monotonic() + 600  # a test that died must not leave training hung for ever
+                while time.monotonic() < deadline:
+                    try:
+                        s.recv(16)
+                        break
+                    except TimeoutError:
+                        continue
+
+    module._write_progress = gated
+
+
+def _fault_at(rt, epoch: int, step: int) -> None:
+    if KILL_AT:
+        rank, at_epoch, at_step, *always = KILL_AT.split(":")
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if (first_attempt or always == ["always"]) and (int(rank), int(at_epoch), int(at_step)) == (rt.rank, epoch, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+    if SIGNAL_AT:
+        name, rank, at_epoch, at_step = SIGNAL_AT.split(":")
+        if (int(rank), int(at_epoch), int(at_step)) == (rt.rank, epoch, step):
+            from fasttrain.parallel import LAUNCHER_PID
+
+            launcher = os.environ.get(LAUNCHER_PID) if rt.distributed else None  # (a worker's, set by launch)
+            os.kill(int(launcher) if launcher else os.getpid(), signal.Signals[name])
+
+
+def _faults(module) -> None:
+    """Each epoch's steps counted from the one it starts at (a run resumed mid-epoch starts later),
+    the fault checked before each."""
+    train_epoch = module._train_epoch
+
+    def faulty(run, epoch, progress):
+        step, numbers = run.step, itertools.count(run.state.epoch_steps + 1)
+
+        def counted(x, y):
+            _fault_at(run.rt, epoch + 1, next(numbers))
+            return step(x, y)
+
+        run.step = counted
+        try:
+            return train_epoch(run, epoch, progress)
+        finally:
+            run.step = step
+
+    module._train_epoch = faulty
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "fasttrain.train":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            if SOCKET:
+                _gate(module)
+            if KILL_AT or SIGNAL_AT:
+                _faults(module)
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
+if SOCKET or KILL_AT or SIGNAL_AT:
+    sys.meta_path.insert(0, _Finder())
