@@ -65,12 +65,12 @@ def _own_model(name: str, num_classes: int) -> nn.Module:
     return model
 
 
-def first_conv(model: nn.Module, name: str, key: str = "train.space_to_depth") -> nn.Conv2d:
+def first_conv(model: nn.Module, name: str) -> nn.Conv2d:
     """The convolution the image goes into; train.space_to_depth needs it to be a plain Conv2d on 3
     channels that comes first (alexnet, vgg, resnet; not a model that transforms its input first)."""
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     if conv is None or conv.in_channels != 3 or conv.groups != 1 or getattr(model, "transform_input", False):
-        raise FasttrainError(f"{key}: true needs a model whose first layer is a 3-channel "
+        raise FasttrainError(f"train.space_to_depth: true needs a model whose first layer is a 3-channel "
                              f"Conv2d, which {name} is not: set it to false")
     return conv
 

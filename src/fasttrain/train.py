@@ -618,7 +618,8 @@ PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpo
 
 # train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
 HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "space_to_depth",
-               "fused_max_pool", "compile", "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum", "deterministic")
+               "fused_max_pool", "compile", "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum",
+               "deterministic")
 HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
 
 # the record's headline figures: metrics/train/<variant>.json, what `dvc metrics show` and `dvc metrics

@@ -59,7 +59,8 @@ def _fault_at(rt, epoch: int, step: int) -> None:
     if KILL_AT:
         rank, at_epoch, at_step, *always = KILL_AT.split(":")
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if (first_attempt or always == ["always"]) and (int(rank), int(at_epoch), int(at_step)) == (rt.rank, epoch, step):
+        at = (int(rank), int(at_epoch), int(at_step))
+        if (first_attempt or always == ["always"]) and at == (rt.rank, epoch, step):
             os.kill(os.getpid(), signal.SIGKILL)
     if SIGNAL_AT:
         name, rank, at_epoch, at_step = SIGNAL_AT.split(":")
