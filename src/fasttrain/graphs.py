@@ -35,9 +35,8 @@ def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | Non
     """Why this run cannot replay its step from CUDA graphs under train.cuda_graphs (None: it can)."""
     if rt.device.type != "cuda":
         return "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
-    if rt.parallel == "dp":
-        return ("train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to every GPU and runs "
-                "the replicas from several threads each step, which one graph cannot record")
+    if rt.mode.not_capturable:
+        return f"train.cuda_graphs: {rt.parallel} runs eagerly: {rt.mode.not_capturable}"
     if not params.train.fused_adamw:
         return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
                 "GradScaler reads its found-inf flag on the host every step")

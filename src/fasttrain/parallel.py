@@ -1,5 +1,10 @@
 """Parallelism in one place: launch, set up, wrap, unwrap, reduce, tear down, "am I the main process".
 
+The parallel modes are a table, `MODES`, as precision's are (precision.PRECISIONS): each entry says
+whether it runs several processes, how it sets up, wraps a model for training and for inference,
+gathers every rank's part of the saved state, and whether its step can be captured. Outside this
+module no code compares a mode's name: it asks the entry (`Runtime.mode`, `MODES[name]`).
+
 Only this module reads RANK / LOCAL_RANK / WORLD_SIZE (or SLURM_PROCID / SLURM_LOCALID / ... under
 srun). The training loop receives a Runtime and a wrapped model and never asks which variant it runs.
 """
@@ -20,6 +25,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -45,8 +51,13 @@ class Runtime:
         return self.rank == 0
 
     @property
+    def mode(self) -> ParallelMode:
+        return MODES[self.parallel]
+
+    @property
     def distributed(self) -> bool:
-        return self.parallel == "ddp"
+        """Several processes, one per device, in one process group."""
+        return self.mode.processes
 
     @property
     def device_name(self) -> str:
@@ -285,24 +296,36 @@ def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:
 def setup(parallel: str, device: str = "auto", nproc: int | None = None) -> Runtime:
     """The runtime of a variant. `nproc` (train.nproc) is, for dp on GPUs, how many GPUs
     nn.DataParallel spreads over (None: every visible one); ddp's comes from torchrun."""
-    if parallel not in PARALLELS:
-        raise FasttrainError(f"unknown parallel variant '{parallel}': choose {', '.join(PARALLELS)}")
-    # single leases one GPU, dp all it spreads over; ddp workers use the GPUs their launcher leased
-    # for them (launch), or all under a user's torchrun.
-    gpus = 1 if parallel == "single" else 0
-    if parallel == "dp" and torch.cuda.is_available() and device != "cpu":
+    if parallel not in MODES:
+        raise FasttrainError(f"unknown parallel variant '{parallel}': choose {', '.join(MODES)}")
+    rt = MODES[parallel].setup(device, nproc)
+    if not rt.distributed and rt.device.type == "cuda":
+        torch.cuda.set_device(rt.device)
+    return rt
+
+
+def _setup_single(device: str, nproc: int | None) -> Runtime:
+    return Runtime("single", resolve_device(device, lease_gpus=1))
+
+
+def _setup_dp(device: str, nproc: int | None) -> Runtime:
+    """dp leases every GPU it spreads over (auto), else takes the first `gpus` visible ones (cuda)."""
+    gpus = 0
+    if torch.cuda.is_available() and device != "cpu":
         gpus = nproc or torch.cuda.device_count()
         check_nproc(gpus, "cuda", what="GPUs for dp")
-    base = resolve_device(device, lease_gpus=gpus)
-    if parallel != "ddp":
-        rt = Runtime(parallel, base)
-        if parallel == "dp" and base.type != "cuda":
-            rt.warnings.append("dp without a GPU runs as one process: nn.DataParallel needs CUDA devices")
-        elif parallel == "dp":  # the leased GPUs (auto), else the first `gpus` visible ones (cuda)
-            rt.device_ids = (lease.hold(gpus).indices if device == "auto" else list(range(gpus)))
-        if base.type == "cuda":
-            torch.cuda.set_device(base)
-        return rt
+    rt = Runtime("dp", resolve_device(device, lease_gpus=gpus))
+    if rt.device.type != "cuda":
+        rt.warnings.append("dp without a GPU runs as one process: nn.DataParallel needs CUDA devices")
+    else:
+        rt.device_ids = lease.hold(gpus).indices if device == "auto" else list(range(gpus))
+    return rt
+
+
+def _setup_ddp(device: str, nproc: int | None) -> Runtime:
+    """A worker's place, its device and the process group. Workers use the GPUs their launcher leased
+    for them (launch), or all under a user's torchrun."""
+    base = resolve_device(device)
     where = placement()
     if where is None:
         raise FasttrainError("ddp must run under torchrun or srun; `fasttrain train --parallel ddp` starts it for you")
@@ -395,7 +418,7 @@ def cudnn_benchmark(requested: bool, rt: Runtime) -> bool:
     #191744), and under torch's nn.DataParallel, whose replica threads are new every step, every
     step searched again: dp-bf16 at batch 1024 on two H200s ran at 1,449 images/s. fasttrain's
     DataParallel keeps its replica threads (ReplicaThreads); the benchmark in them is unmeasured."""
-    if requested and rt.parallel == "dp" and rt.replicas > 1:
+    if requested and rt.mode.replica_threads and rt.replicas > 1:
         rt.warnings.append(f"train.cudnn_benchmark off: dp over {rt.replicas} GPUs runs cuDNN in replica threads, "
                            "and cuDNN keeps its benchmark results per thread")
         return False
@@ -461,32 +484,81 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def wrap(model: nn.Module, rt: Runtime, graphs: bool = False) -> nn.Module:
-    """The model for the variant: DDP, fasttrain's DataParallel, or itself. With `graphs` (the step
-    will be captured), DDP is built on the capture stream, as a whole-step capture needs (torch's
-    CUDA-graph notes): DDP keeps each parameter's gradient accumulator, which remembers the stream it
-    was made on, and a backward that reaches it from another stream syncs the two streams and warns.
-    Without graphs it is built on the current stream, where the steps then run."""
-    if rt.parallel == "ddp" and rt.device.type == "cuda":
-        if not graphs:
-            return nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
-        side = capture_stream(rt.device)
-        side.wait_stream(torch.cuda.current_stream(rt.device))
-        with torch.cuda.stream(side):
-            ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
-        torch.cuda.current_stream(rt.device).wait_stream(side)
-        return ddp
-    if rt.parallel == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
-    if rt.parallel == "dp" and rt.device.type == "cuda":
-        return DataParallel(model, device_ids=rt.device_ids)
-    return model
+    """The model for the variant's training: DDP, fasttrain's DataParallel, or itself."""
+    return rt.mode.wrap(model, rt, graphs)
 
 
 def wrap_for_inference(model: nn.Module, rt: Runtime) -> nn.Module:
-    """No gradients to synchronise: ddp ranks each run their shard of the data on a plain model."""
-    if rt.parallel == "dp" and rt.device.type == "cuda":
-        return DataParallel(model, device_ids=rt.device_ids)
+    """The model for the variant's evaluation (no gradients to synchronise)."""
+    return rt.mode.wrap_for_inference(model, rt)
+
+
+def _itself(model: nn.Module, rt: Runtime, graphs: bool = False) -> nn.Module:
     return model
+
+
+def _wrap_dp(model: nn.Module, rt: Runtime, graphs: bool = False) -> nn.Module:
+    """fasttrain's DataParallel over the runtime's GPUs; one process on a CPU, the model itself."""
+    return DataParallel(model, device_ids=rt.device_ids) if rt.device.type == "cuda" else model
+
+
+def _wrap_ddp(model: nn.Module, rt: Runtime, graphs: bool = False) -> nn.Module:
+    """DDP. With `graphs` (the step will be captured), DDP is built on the capture stream, as a
+    whole-step capture needs (torch's CUDA-graph notes): DDP keeps each parameter's gradient
+    accumulator, which remembers the stream it was made on, and a backward that reaches it from
+    another stream syncs the two streams and warns. Without graphs it is built on the current
+    stream, where the steps then run."""
+    if rt.device.type != "cuda":
+        return nn.parallel.DistributedDataParallel(model)
+    if not graphs:
+        return nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
+    side = capture_stream(rt.device)
+    side.wait_stream(torch.cuda.current_stream(rt.device))
+    with torch.cuda.stream(side):
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank])
+    torch.cuda.current_stream(rt.device).wait_stream(side)
+    return ddp
+
+
+def _this_rank_only(obj: Any, rt: Runtime) -> list:
+    return [obj]
+
+
+def _every_rank(obj: Any, rt: Runtime) -> list:
+    ranks: list = [None] * rt.world_size
+    dist.all_gather_object(ranks, obj)
+    return ranks
+
+
+@dataclass(frozen=True)
+class ParallelMode:
+    """One parallel variant. The saved state is the same for every mode: rank 0 writes the bare model
+    (`unwrap`), the optimizer and one entry per rank of what differs between ranks (RNG, a partial
+    epoch's step log), which `all_ranks` brings to it; on loading, every rank reads the file and
+    takes its own entry (`[rt.rank]`)."""
+    name: str
+    processes: bool  # one process per device, started by `launch` (torchrun, srun); world size from it
+    setup: Callable[[str, int | None], Runtime]  # (train.device, train.nproc) -> this process's runtime
+    wrap: Callable[[nn.Module, Runtime, bool], nn.Module]  # (model, runtime, graphs) -> what training calls
+    wrap_for_inference: Callable[[nn.Module, Runtime], nn.Module]  # ddp ranks each run their shard plainly
+    all_ranks: Callable[[Any, Runtime], list]  # this rank's part of the saved state -> every rank's, in order
+    not_capturable: str | None = None  # why its step cannot be replayed from CUDA graphs (None: it can)
+    replica_threads: bool = False  # its replicas run in threads of one process (cudnn_benchmark)
+
+
+MODES: dict[str, ParallelMode] = {
+    m.name: m
+    for m in (
+        ParallelMode("single", False, _setup_single, _itself, _itself, _this_rank_only),
+        ParallelMode("dp", False, _setup_dp, _wrap_dp, _wrap_dp, _this_rank_only,
+                     not_capturable="nn.DataParallel copies the model to every GPU and runs the replicas from "
+                                    "several threads each step, which one graph cannot record",
+                     replica_threads=True),
+        ParallelMode("ddp", True, _setup_ddp, _wrap_ddp, _itself, _every_rank),
+    )
+}
+
+assert tuple(MODES) == PARALLELS
 
 
 def unwrap(model: nn.Module) -> nn.Module:

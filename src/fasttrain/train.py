@@ -633,11 +633,7 @@ def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) ->
     then each rank's StepLog so far goes in too, so the resumed epoch sums the same losses."""
     rt, t = run.rt, run.t
     mine = {"rng": rng_state(), "epoch_log": partial[0].state_dict() if partial else None}
-    ranks = [None] * rt.world_size
-    if rt.distributed:
-        torch.distributed.all_gather_object(ranks, mine)
-    else:
-        ranks = [mine]
+    ranks = rt.mode.all_ranks(mine, rt)
     state = _state_to_dict(run.state)
     if partial:
         state["epoch_steps"], state["epoch_seconds"] = partial[0].steps, partial[1]

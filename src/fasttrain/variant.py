@@ -15,7 +15,7 @@ from fasttrain.precision import PRECISIONS
 
 
 def variant_options(fn):
-    @click.option("--parallel", "parallel_name", required=True, type=click.Choice(parallel.PARALLELS),
+    @click.option("--parallel", "parallel_name", required=True, type=click.Choice(tuple(parallel.MODES)),
                   help="single: one device; dp: nn.DataParallel over the visible GPUs; "
                        "ddp: DistributedDataParallel, one torchrun process per GPU (2 gloo processes without one).")
     @click.option("--precision", "precision_name", required=True, type=click.Choice(tuple(PRECISIONS)),
@@ -29,7 +29,7 @@ def variant_options(fn):
 
 
 def world_size_for(params: config.Params, parallel_name: str, nnodes: int = 1) -> int:
-    if parallel_name != "ddp":
+    if not parallel.MODES[parallel_name].processes:
         return 1
     if parallel.under_torchrun():
         return parallel.current_world_size()
@@ -48,11 +48,12 @@ def run_variant(command: str, fn, parallel_name: str, precision_name: str, param
     the evaluate stage does not read train.nnodes (it counts every image once at any world size)."""
     clock.begin()
     params = config.load(params_path)
-    nnodes = params.train.nnodes if command == "train" and parallel_name == "ddp" else 1
+    processes = parallel.MODES[parallel_name].processes
+    nnodes = params.train.nnodes if command == "train" and processes else 1
     world_size = world_size_for(params, parallel_name, nnodes)
     if check is not None:
         check(params, world_size)
-    if parallel_name == "ddp" and not parallel.under_torchrun():
+    if processes and not parallel.under_torchrun():
         require_dataset(Layout().dataset)  # here, once, not in every worker
         parallel.launch([command, "--parallel", parallel_name, "--precision", precision_name,
                          "--params", str(Path(params_path).resolve()), *extra_argv], world_size // nnodes,

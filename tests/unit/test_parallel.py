@@ -185,3 +185,45 @@ def test_the_launcher_names_the_rank_that_failed_on_its_own_not_one_that_lost_it
     assert PeersLost.exit_status == 76
     rank, failure = parallel.root_failure({r: _failure(*f) for r, f in failures.items()})
     assert rank == named and failure.exitcode == failures[named][0]
+
+
+def test_every_parallel_mode_is_an_entry_of_one_table_in_the_variant_matrixs_order():
+    from fasttrain.layout import PARALLELS
+    from fasttrain.parallel import MODES
+
+    assert tuple(MODES) == PARALLELS
+    assert {m.name for m in MODES.values() if m.processes} == {"ddp"}  # only ddp is launched by torchrun
+    assert {m.name for m in MODES.values() if m.not_capturable} == {"dp"}
+    model = torch.nn.Linear(2, 2)
+    for mode in MODES.values():  # on the CPU every mode's inference model is the model itself
+        rt = Runtime(mode.name, torch.device("cpu"))
+        assert rt.mode is mode and rt.distributed is mode.processes
+        assert mode.wrap_for_inference(model, rt) is model
+        if not mode.processes:  # one process holds every replica's state (ddp's: test_same_results, test_resume)
+            assert mode.all_ranks({"rng": 1}, rt) == [{"rng": 1}]
+
+
+def test_no_code_outside_parallel_py_compares_a_parallel_modes_name():
+    """A new mode is an entry in parallel.MODES (and its name in layout.PARALLELS, the variant matrix):
+    code that compared a name with "ddp" or "dp" would silently treat the new mode as neither."""
+    import ast
+    from pathlib import Path
+
+    import fasttrain
+    from fasttrain.parallel import MODES
+
+    found = []
+    for path in sorted(Path(fasttrain.__file__).parent.glob("*.py")):
+        if path.name == "parallel.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
+                elements = [e.value for n in node.comparators if isinstance(n, (ast.Tuple, ast.List, ast.Set))
+                            for e in n.elts if isinstance(e, ast.Constant)]
+                if set(names + elements) & set(MODES):
+                    found.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith"):
+                if any(isinstance(a, ast.Constant) and a.value in MODES for a in node.args):
+                    found.append(f"{path.name}:{node.lineno}")
+    assert found == []
