@@ -19,7 +19,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from fasttrain import config, parallel
+from fasttrain import config, parallel, switches
 from fasttrain.engine import build_trainable, random_batch, synchronize, train_step
 from fasttrain.loaders import input_dtype
 from fasttrain.precision import PRECISIONS
@@ -47,7 +47,7 @@ def measure(params: config.Params, parallel_name: str, precision_name: str, batc
     precision = PRECISIONS[precision_name]
     dp = parallel_name.startswith("dp")
     rt = parallel.setup("dp" if dp else parallel_name, "cuda", nproc=gpus if dp else None)
-    torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(params.train.cudnn_benchmark, rt)
+    torch.backends.cudnn.benchmark = switches.decide(params, rt).cudnn_benchmark
     t = build_trainable(params, precision, rt, num_classes=10)
     if parallel_name == "dp-torch":  # torch's own nn.DataParallel: new replica threads every step
         t.net = torch.nn.DataParallel(t.net.module, device_ids=t.net.device_ids)

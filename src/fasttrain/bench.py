@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fasttrain import atomic, batch_kernel, config, graphs, parallel
+from fasttrain import atomic, batch_kernel, config, graphs, parallel, switches
 from fasttrain.data import load_dataset
 from fasttrain.engine import (StepLog, build_trainable, random_batch, synchronize,
                               train_step, warm_up)
@@ -108,16 +108,26 @@ def _endless(loader):
         epoch += 1
 
 
-def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *, warmup_steps: int,
-             min_steps: int, min_seconds: float, log, only: tuple[str, ...] | None = None,
-             rounds: int = 3) -> dict:
-    """Times every path of one case (or the paths named in `only`)."""
+@dataclasses.dataclass
+class CasePaths:
+    """One case's paths, ready to time: name -> (the step, a function that makes its endless batches)."""
+    paths: dict
+    params: config.Params  # the params as the case sets them (batch size, compile)
+    compile_seconds: float  # the warm-up's (torch.compile's, where the case compiles)
+    capture_seconds: float | None  # the CUDA graphs' (None: the graphed paths do not run here)
+    kernel: bool  # the gpu loader runs its Triton kernel (else tensor ops: a CPU, or the kernel turned off)
+
+
+def case_paths(params: config.Params, case: Case, dataset, rt: parallel.Runtime) -> CasePaths:
+    """The model, warmed up (compiled, where the case compiles) and, where graphs run, captured; and
+    the paths that time its step: the torchvision loader with 0 and with data.workers workers, the
+    gpu loader, the compute ceiling, and the last two replayed from CUDA graphs."""
     train = dataclasses.replace(params.train, batch_size=case.batch_size, compile=case.compile,
-                                compile_mode=case.compile_mode or params.train.compile_mode)
+                                compile_mode=case.compile_mode or params.train.compile_mode, cuda_graphs=True)
     params = dataclasses.replace(params, train=train)
-    cfg, precision = params.train, PRECISIONS[case.precision]
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    graphed = graphs.unavailable_reason(params, rt) is None  # the graphed paths, where graphs can run
+    cfg, precision, plan = params.train, PRECISIONS[case.precision], switches.decide(params, rt)
+    torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+    graphed = plan.cuda_graphs  # the graphed paths, where graphs can run
     t = build_trainable(params, precision, rt, len(dataset.classes), graphs=graphed)
     steps = StepLog(1024, rt.device, t.scaler)
 
@@ -154,43 +164,55 @@ def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *
     if graphed:
         paths["gpu_loader_graphed"] = (step_graphed, paths["gpu_loader"][1])
         paths["compute_ceiling_graphed"] = (step_graphed, paths["compute_ceiling"][1])
-    if only is not None:
-        paths = {name: path for name, path in paths.items() if name in only}
-    # Paths take turns, `rounds` times, and each reports its median: at small batches the step is
-    # bound by kernel launches, whose cost drifts by 10-20% over a minute on a shared host, so
-    # timing one path after the other would compare the drift rather than the paths.
-    runs: dict[str, list[dict]] = {name: [] for name in paths}
+    return CasePaths(paths, params, compile_seconds, capture_seconds, batch_kernel.enabled(x0))
+
+
+def time_paths(paths: dict, device: torch.device, name: str, *, warmup_steps: int, min_steps: int,
+               min_seconds: float, rounds: int, log) -> dict:
+    """Each path's images/s: the median of `rounds` rounds in which the paths take turns. At small
+    batches the step is bound by kernel launches, whose cost drifts by 10-20% over a minute on a
+    shared host, so timing one path after the other would compare the drift rather than the paths."""
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
     for _ in range(rounds):
-        for name, (path_step, make) in paths.items():  # a dict: with data.workers = 0 the torchvision path is measured once
+        for path, (path_step, make) in paths.items():  # a dict: with data.workers = 0 the torchvision path is timed once
             batches = make()
-            runs[name].append(time_steps(path_step, batches, warmup_steps, min_steps, min_seconds, rt.device))
+            runs[path].append(time_steps(path_step, batches, warmup_steps, min_steps, min_seconds, device))
             if hasattr(batches, "close"):
                 batches.close()  # stops the DataLoader's workers before the next path is timed
     results = {}
-    for name, measured in runs.items():
+    for path, measured in runs.items():
         rates = [m["images_per_second"] for m in measured]
-        results[name] = {"images_per_second": statistics.median(rates), "each_round": rates,
+        results[path] = {"images_per_second": statistics.median(rates), "each_round": rates,
                          "steps": sum(m["steps"] for m in measured),
                          "seconds": round(sum(m["seconds"] for m in measured), 3)}
-        log(f"  {case.name}: {name:<24} {results[name]['images_per_second']:>10,.0f} images/s "
+        log(f"  {name}: {path:<24} {results[path]['images_per_second']:>10,.0f} images/s "
             f"(median of {rounds}: {', '.join(f'{r:,.0f}' for r in rates)})")
+    return results
+
+
+def run_case(params: config.Params, case: Case, dataset, rt: parallel.Runtime, *, warmup_steps: int,
+             min_steps: int, min_seconds: float, log, rounds: int = 3) -> dict:
+    """Times every path of one case; the row of the benchmark's results."""
+    built = case_paths(params, case, dataset, rt)
+    cfg = built.params.train
+    results = time_paths(built.paths, rt.device, case.name, warmup_steps=warmup_steps, min_steps=min_steps,
+                         min_seconds=min_seconds, rounds=rounds, log=log)
     row = {"batch_size": case.batch_size, "precision": case.precision, "compile": case.compile,
            "compile_mode": cfg.compile_mode if case.compile else None, "channels_last": cfg.channels_last,
            "fused_adamw": cfg.fused_adamw,
            "space_to_depth": cfg.space_to_depth, "fused_max_pool": cfg.fused_max_pool,
-           "compile_seconds": round(compile_seconds, 3),
-           "capture_seconds": None if capture_seconds is None else round(capture_seconds, 3),
-           "gpu_loader_kernel": batch_kernel.enabled(x0),  # the Triton kernel, or the tensor ops (CPU, env)
+           "compile_seconds": round(built.compile_seconds, 3),
+           "capture_seconds": None if built.capture_seconds is None else round(built.capture_seconds, 3),
+           "gpu_loader_kernel": built.kernel,  # the Triton kernel, or the tensor ops (CPU, env)
            "paths": results}
-    if only is None:
-        gpu = results["gpu_loader"]["images_per_second"]
-        row["gpu_loader_over_torchvision_workers_0"] = round(gpu / results["torchvision_workers_0"]["images_per_second"], 2)
-        row["gpu_loader_over_compute_ceiling"] = round(gpu / results["compute_ceiling"]["images_per_second"], 3)
-        if graphed:
-            graphed_gpu = results["gpu_loader_graphed"]["images_per_second"]
-            row["gpu_loader_graphed_over_eager"] = round(graphed_gpu / gpu, 3)
-            row["gpu_loader_graphed_over_compute_ceiling_graphed"] = round(
-                graphed_gpu / results["compute_ceiling_graphed"]["images_per_second"], 3)
+    gpu = results["gpu_loader"]["images_per_second"]
+    row["gpu_loader_over_torchvision_workers_0"] = round(gpu / results["torchvision_workers_0"]["images_per_second"], 2)
+    row["gpu_loader_over_compute_ceiling"] = round(gpu / results["compute_ceiling"]["images_per_second"], 3)
+    if "gpu_loader_graphed" in results:
+        graphed_gpu = results["gpu_loader_graphed"]["images_per_second"]
+        row["gpu_loader_graphed_over_eager"] = round(graphed_gpu / gpu, 3)
+        row["gpu_loader_graphed_over_compute_ceiling_graphed"] = round(
+            graphed_gpu / results["compute_ceiling_graphed"]["images_per_second"], 3)
     return row
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from fasttrain import config, parallel
 from fasttrain.models import build_model, with_switches
 from fasttrain.precision import AutocastForward, Precision
+from fasttrain.switches import decide
 
 
 @dataclass
@@ -41,12 +42,12 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
     """The model, wrapped for the variant, its AdamW and GradScaler. With `graphs` (the step will be
     replayed from CUDA graphs) the optimizer is capturable and its lr a device tensor, so a
     scheduler's changes reach the recorded kernels."""
-    cfg = params.train
+    cfg, plan = params.train, decide(params, rt)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every variant
     model = with_switches(build_model(params.model.name, num_classes).to(rt.device), cfg, params.model.name)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    raw = parallel.prepare_model(model, rt, cfg.sync_bn)
+    raw = parallel.prepare_model(model, plan.sync_bn)
     net = eager = parallel.wrap(AutocastForward(raw, precision), rt, graphs)
     if cfg.compile:
         # Static shapes, compiled in warm_up for the full batch at each training resolution; a
@@ -54,7 +55,7 @@ def build_trainable(params: config.Params, precision: Precision, rt: parallel.Ru
         net = torch.compile(net, mode=cfg.compile_mode, dynamic=False)
     lr = torch.tensor(cfg.lr, device=rt.device) if graphs else cfg.lr
     optimizer = AdamW(raw.parameters(), lr=lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay,
-                      fused=cfg.fused_adamw and rt.device.type == "cuda", capturable=graphs)
+                      fused=plan.fused_adamw, capturable=graphs)
     return Trainable(raw, net, optimizer, precision.scaler(rt.device.type), cfg.label_smoothing, cfg.grad_clip,
                      cfg.batch_size // rt.world_size if cfg.compile else None, eager if cfg.compile else None)
 
@@ -198,7 +199,7 @@ class StepLog:
                 "grad_norm_max": float(finite_norms.max()) if finite_norms is not None and finite_norms.numel() else None}
 
 
-def set_deterministic(on: bool, rt: parallel.Runtime) -> None:
+def set_deterministic(on: bool) -> None:
     """train.deterministic: the same params give bit-identical weights on one device, run after run.
 
     cuDNN and cuBLAS pick deterministic algorithms (cuBLAS needs its workspace config set before
@@ -207,16 +208,14 @@ def set_deterministic(on: bool, rt: parallel.Runtime) -> None:
     AlexNet's AdaptiveAvgPool2d backward adds with atomics, but at 227 px its 6x6 input maps 1:1
     onto its 6x6 output, so each input gets one addition onto zero and the order cannot matter.
     fasttrain's own loader kernel writes each output once and adds nothing with atomics. What torch
-    warned about is recorded in the run's warnings.
+    warned about is recorded in the run's warnings (nondeterministic_ops_recorded); cuDNN's benchmark
+    is off already (switches.decide).
     """
     if not on:
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
-    if torch.backends.cudnn.benchmark:
-        torch.backends.cudnn.benchmark = False
-        rt.warnings.append("train.cudnn_benchmark off: train.deterministic needs cuDNN's deterministic algorithms")
 
 
 @contextlib.contextmanager

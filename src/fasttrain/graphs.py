@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain import config, parallel
+from fasttrain import parallel
 from fasttrain.engine import Trainable, random_batch, train_step
 from fasttrain.precision import Precision
 
@@ -29,22 +29,6 @@ from fasttrain.precision import Precision
 # least 11 of them before a whole-network capture (torch's CUDA-graph notes).
 WARMUP_STEPS = 3
 WARMUP_STEPS_DDP = 11
-
-
-def unavailable_reason(params: config.Params, rt: parallel.Runtime) -> str | None:
-    """Why this run cannot replay its step from CUDA graphs under train.cuda_graphs (None: it can)."""
-    if rt.device.type != "cuda":
-        return "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"
-    if rt.mode.not_capturable:
-        return f"train.cuda_graphs: {rt.parallel} runs eagerly: {rt.mode.not_capturable}"
-    if not params.train.fused_adamw:
-        return ("train.cuda_graphs: runs eagerly with train.fused_adamw: false: the unfused AdamW under "
-                "GradScaler reads its found-inf flag on the host every step")
-    if params.train.scheduler == "onecycle" and params.train.cycle_momentum:
-        return ("train.cuda_graphs: runs eagerly with train.scheduler: onecycle and train.cycle_momentum: true: it "
-                "cycles AdamW's beta1 every step, a number the fused AdamW kernel takes from the host, so a graph "
-                "would keep the first step's (train.cycle_momentum: false keeps beta1 at 0.9 and allows graphs)")
-    return None
 
 
 @dataclass

@@ -138,7 +138,7 @@ def _pool_geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], ...]:
 def with_switches(model: nn.Module, cfg, name: str) -> nn.Module:
     """The model as train's switches make it (space_to_depth, fused_max_pool; `cfg` is
     the train section), each the same function and parameters. A switch the model cannot take is a
-    one-line FasttrainError naming it: check_train builds it on the meta device."""
+    one-line FasttrainError naming it: switches.decide builds it on the meta device."""
     if cfg.fused_max_pool:
         model = fused_max_pools(model, name)
     if cfg.space_to_depth:

@@ -412,27 +412,10 @@ def peers_lost_as_errors(rt: Runtime):
                              f"({line}): a node died or stopped answering within {DIST_TIMEOUT}") from None
 
 
-def cudnn_benchmark(requested: bool, rt: Runtime) -> bool:
-    """Whether cuDNN may time its convolution algorithms (train.cudnn_benchmark) for this runtime.
-    Not for dp over 2+ GPUs: cuDNN keeps its benchmark results per thread (pytorch/pytorch#191617,
-    #191744), and under torch's nn.DataParallel, whose replica threads are new every step, every
-    step searched again: dp-bf16 at batch 1024 on two H200s ran at 1,449 images/s. fasttrain's
-    DataParallel keeps its replica threads (ReplicaThreads); the benchmark in them is unmeasured."""
-    if requested and rt.mode.replica_threads and rt.replicas > 1:
-        rt.warnings.append(f"train.cudnn_benchmark off: dp over {rt.replicas} GPUs runs cuDNN in replica threads, "
-                           "and cuDNN keeps its benchmark results per thread")
-        return False
-    return requested
-
-
-def prepare_model(model: nn.Module, rt: Runtime, sync_bn: bool) -> nn.Module:
-    """Layer conversions that must happen before the optimizer sees the parameters."""
-    if rt.distributed and sync_bn:
-        if rt.device.type == "cuda":
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        else:
-            rt.warnings.append("train.sync_bn ignored: SyncBatchNorm needs GPUs")
-    return model
+def prepare_model(model: nn.Module, sync_bn: bool) -> nn.Module:
+    """Layer conversions that must happen before the optimizer sees the parameters (`sync_bn`: as
+    switches.decide plans it, ddp on GPUs)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
 
 
 class ReplicaThreads:
@@ -543,7 +526,7 @@ class ParallelMode:
     wrap_for_inference: Callable[[nn.Module, Runtime], nn.Module]  # ddp ranks each run their shard plainly
     all_ranks: Callable[[Any, Runtime], list]  # this rank's part of the saved state -> every rank's, in order
     not_capturable: str | None = None  # why its step cannot be replayed from CUDA graphs (None: it can)
-    replica_threads: bool = False  # its replicas run in threads of one process (cudnn_benchmark)
+    replica_threads: bool = False  # its replicas run in threads of one process (switches.decide: cuDNN's benchmark)
 
 
 MODES: dict[str, ParallelMode] = {

@@ -25,7 +25,7 @@ from typing import Callable
 import click
 import torch
 
-from fasttrain import atomic, checkpoint, clock, config, graphs, parallel, preemption
+from fasttrain import atomic, checkpoint, clock, config, graphs, parallel, preemption, switches
 from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
@@ -34,33 +34,21 @@ from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache
                               nondeterministic_ops_recorded,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, input_dtype, loader_args, make_eval_loader, make_train_loader
-from fasttrain.models import build_model, check_img_size, on_meta, with_switches
+from fasttrain.models import check_img_size
 from fasttrain.precision import Precision
 from fasttrain.progress import Progress
 from fasttrain.variant import run_variant, variant_options
 
 
 def check_train(params: config.Params, world_size: int) -> None:
-    """Everything that can be rejected before a process is started or a file is touched."""
+    """Everything that can be rejected before a process is started or a file is touched: the sizes
+    the model takes, and the combinations switches.decide refuses (they depend on the world size
+    alone, so a runtime of that size, not yet set up, is enough to ask)."""
     cfg = params.train
     check_img_size(params.model.name, cfg.img_size)
     if cfg.progressive_epochs:
-        if params.data.loader != "gpu":
-            raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} needs data.loader: gpu "
-                                 f"(the torchvision loader resizes at one size in its workers): set it to 0 "
-                                 f"or use the gpu loader")
-        if cfg.progressive_epochs >= cfg.epochs:
-            raise FasttrainError(f"train.progressive_epochs = {cfg.progressive_epochs} leaves no epoch at "
-                                 f"train.img_size = {cfg.img_size}: use fewer than train.epochs = {cfg.epochs}")
         check_img_size(params.model.name, cfg.progressive_size, "train.progressive_size")
-    with on_meta():  # every model switch the model cannot take, as training would build it (free)
-        with_switches(build_model(params.model.name, 10), cfg, params.model.name)
-    if cfg.batch_size < world_size:
-        raise FasttrainError(f"train.batch_size = {cfg.batch_size} is smaller than the {world_size} "
-                             f"ddp processes: it is the global batch, so use at least {world_size}")
-    if cfg.batch_size % world_size:
-        raise FasttrainError(f"train.batch_size = {cfg.batch_size} does not split evenly over "
-                             f"{world_size} ddp processes: use a multiple of {world_size}")
+    switches.decide(params, parallel.Runtime("single", torch.device("cpu"), world_size=world_size))
 
 
 def resolved_config(params: config.Params, parallel_name: str, precision_name: str, world_size: int,
@@ -293,17 +281,17 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
     dataset = load_dataset(layout.dataset)
     resolved = resolved_config(params, rt.parallel, precision.name, rt.world_size, dataset)
     digest = config.config_hash(resolved)
-    torch.backends.cudnn.benchmark = parallel.cudnn_benchmark(cfg.cudnn_benchmark, rt)
-    set_deterministic(cfg.deterministic, rt)  # before any cuBLAS work
-    no_graphs = graphs.unavailable_reason(params, rt) if cfg.cuda_graphs else "off"
+    plan = switches.decide(params, rt)
+    torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+    set_deterministic(cfg.deterministic)  # before any cuBLAS work
     # a switch this variant cannot take (it runs without), or a precision this GPU lacks: said once, kept
-    for why_not in (no_graphs, precision.not_native_on(rt.device)):
-        if why_not not in (None, "off"):
+    for why_not in (*plan.fallbacks, precision.not_native_on(rt.device)):
+        if why_not is not None:
             log(why_not)
             rt.warnings.append(why_not)
 
     random.seed(cfg.seed)
-    t = build_trainable(params, precision, rt, len(dataset.classes), graphs=no_graphs is None)
+    t = build_trainable(params, precision, rt, len(dataset.classes), graphs=plan.cuda_graphs)
     torch.manual_seed(cfg.seed + 1 + rt.rank)  # dropout differs per rank, as it would on separate data
     per_rank_batch = cfg.batch_size // rt.world_size
     args = loader_args(params, precision, rt.device, rt.rank, rt.world_size)
@@ -311,7 +299,7 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
                                      batch_size=per_rank_batch, augment=params.data.augment, seed=cfg.seed, **args)
     test_loader = make_eval_loader(params.data.loader, dataset.test_images, dataset.test_labels,
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **args)
-    step = (graphs.GraphedStep(t, precision, rt) if no_graphs is None
+    step = (graphs.GraphedStep(t, precision, rt) if plan.cuda_graphs
             else lambda x, y: train_step(t, precision, x, y))
     run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
                make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, digest,

@@ -15,32 +15,6 @@ from scratch import record, run, set_params
 
 # --- where graphs cannot run: the reason, in one line -------------------------------------------
 
-@pytest.mark.parametrize("parallel_name, device, fused, scheduler, cycle_momentum, expected", [
-    ("single", "cuda", True, "plateau", True, None),
-    ("ddp", "cuda", True, "plateau", True, None),
-    ("single", "cuda", True, "none", True, None),
-    ("single", "cuda", True, "onecycle", False, None),
-    ("single", "cpu", True, "plateau", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("ddp", "cpu", True, "plateau", True, "train.cuda_graphs: the CPU runs eagerly (CUDA graphs need a GPU)"),
-    ("dp", "cuda", True, "plateau", True, "train.cuda_graphs: dp runs eagerly: nn.DataParallel copies the model to "
-                                          "every GPU and runs the replicas from several threads each step, which one "
-                                          "graph cannot record"),
-    ("single", "cuda", False, "plateau", True, "train.cuda_graphs: runs eagerly with train.fused_adamw: false: the "
-                                               "unfused AdamW under GradScaler reads its found-inf flag on the host "
-                                               "every step"),
-    ("ddp", "cuda", True, "onecycle", True, "train.cuda_graphs: runs eagerly with train.scheduler: onecycle and "
-                                            "train.cycle_momentum: true: it cycles AdamW's beta1 every step, a number "
-                                            "the fused AdamW kernel takes from the host, so a graph would keep the "
-                                            "first step's (train.cycle_momentum: false keeps beta1 at 0.9 and allows "
-                                            "graphs)"),
-])
-def test_graphs_run_on_a_gpu_for_single_and_ddp_and_say_why_not_elsewhere(parallel_name, device, fused, scheduler,
-                                                                          cycle_momentum, expected):
-    params = config.from_dict({"train": {"fused_adamw": fused, "scheduler": scheduler, "cycle_momentum": cycle_momentum}})
-    rt = parallel.Runtime(parallel_name, torch.device(device, 0) if device == "cuda" else torch.device("cpu"))
-    assert graphs.unavailable_reason(params, rt) == expected
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_a_cpu_run_goes_eager_and_records_why_only_when_graphs_were_asked_for(tiny_repo, cuda_graphs):
@@ -95,15 +69,11 @@ def test_deterministic_mode_sets_torch_cudnn_and_cublas(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    rt = parallel.Runtime("single", torch.device("cpu"))
     try:
-        torch.backends.cudnn.benchmark = True
-        set_deterministic(True, rt)
+        set_deterministic(True)  # (cuDNN's benchmark is off by then: switches.decide, test_switches)
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
-        assert not torch.backends.cudnn.benchmark
         import os
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-        assert rt.warnings == ["train.cudnn_benchmark off: train.deterministic needs cuDNN's deterministic algorithms"]
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]

@@ -75,7 +75,7 @@ def test_a_sigterm_on_the_gpu_resumes_to_the_same_weights_with_deterministic_ker
     CUDA graphs (captured again after the resume)."""
     params = {"data": {"synthetic_train_size": 512, "augment": True}, "model": {"name": "alexnet"},
               "train": {"epochs": 3, "batch_size": 32, "img_size": 227, "device": "cuda", "deterministic": True,
-                        "cuda_graphs": True, "scheduler": scheduler}}  # onecycle: eager (graphs.unavailable_reason)
+                        "cuda_graphs": True, "scheduler": scheduler}}  # onecycle: eager (switches.decide)
     cmd = ["fasttrain", "train", "--parallel", "single", "--precision", "bf16"]
     whole = scratch_repo(tmp_path / "whole", params)
     run(["fasttrain", "download"], whole)

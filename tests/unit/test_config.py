@@ -97,21 +97,6 @@ def test_the_fast_recipe_is_valid_params_that_train_accepts():
     check_train(p, world_size=1)
 
 
-def test_the_fast_recipe_runs_its_step_from_cuda_graphs_on_a_gpu():
-    """The recipe's 10.5-second figure is a graphed run's: on a GPU nothing in it makes the step run
-    eagerly (onecycle's beta1 cycle would: cycle_momentum is off), and the fused pools pay only graphed."""
-    import torch
-
-    from fasttrain import graphs, parallel
-
-    raw = yaml.safe_load(open("params.yaml"))
-    for section, values in yaml.safe_load(open("recipes/fast.yaml")).items():
-        raw[section].update(values)
-    p = config.from_dict(raw)
-    assert p.train.cuda_graphs and p.train.scheduler == "onecycle" and not p.train.cycle_momentum
-    assert graphs.unavailable_reason(p, parallel.Runtime("single", torch.device("cuda", 0))) is None
-
-
 def test_the_run_section_changes_no_checkpoints_key_and_a_result_key_does():
     """A checkpoint resumes across a change of how the run is watched, checkpointed or restarted, and
     is refused across a change of what it computes (config_hash of train.resolved_config)."""

@@ -190,18 +190,3 @@ def test_fused_adamw_on_the_gpu(fused):
     params = config.from_dict({"model": {"name": "resnet18"}, "train": {"device": "cuda", "fused_adamw": fused}})
     t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cuda"), num_classes=10)
     assert bool(t.optimizer.param_groups[0]["fused"]) is fused
-
-
-@pytest.mark.parametrize("parallel_name, warned", [("ddp", True), ("single", False)])
-def test_sync_bn_on_the_cpu_keeps_batchnorm_and_says_so_under_ddp(parallel_name, warned):
-    """SyncBatchNorm needs GPUs: on the CPU a ddp run keeps BatchNorm and records why in its warnings
-    (they end up in the train metrics: test_train_metrics); outside ddp sync_bn means nothing."""
-    from torchvision.models import resnet18
-
-    from fasttrain.parallel import Runtime, prepare_model
-
-    rt = Runtime(parallel_name, CPU, world_size=2 if parallel_name == "ddp" else 1)
-    model = prepare_model(resnet18(num_classes=10), rt, sync_bn=True)
-    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
-    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-    assert rt.warnings == (["train.sync_bn ignored: SyncBatchNorm needs GPUs"] if warned else [])
