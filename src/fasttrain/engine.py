@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasttrain import config, parallel
+from fasttrain import config, parallel, saved
 from fasttrain.models import build_model, with_switches
 from fasttrain.precision import AutocastForward, Precision
 from fasttrain.switches import decide
@@ -271,9 +271,7 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     """Forward + backward once per batch shape without an optimizer step, so torch.compile and cuDNN
     autotuning happen outside the timed region; buffers (BatchNorm statistics), gradients and RNG
     are restored, so training is unchanged. Returns the seconds it took."""
-    buffers = {k: v.clone() for k, v in t.raw.named_buffers()}
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    kept = saved.snapshot(t, weights=False)  # no optimizer step here: the weights stay as they are
     synchronize(device)
     start = time.perf_counter()
     for n in dict.fromkeys(b for b in batch_sizes if b > 0):
@@ -284,10 +282,5 @@ def warm_up(t: Trainable, precision: Precision, batch_sizes: list[int], img_size
     synchronize(device)
     seconds = time.perf_counter() - start
     t.optimizer.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for k, v in t.raw.named_buffers():
-            v.copy_(buffers[k])
-    torch.set_rng_state(cpu_rng)
-    if cuda_rng is not None:
-        torch.cuda.set_rng_state_all(cuda_rng)
+    saved.restore(t, kept)
     return seconds

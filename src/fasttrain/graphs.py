@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain import parallel
+from fasttrain import parallel, saved
 from fasttrain.engine import Trainable, random_batch, train_step
 from fasttrain.precision import Precision
 
@@ -57,7 +57,7 @@ class GraphedStep:
         """Capture one graph per (batch size, image size); the model, optimizer, scaler, buffers and
         RNG are left as they were, so training is unchanged. Returns the seconds it took."""
         warmup = WARMUP_STEPS_DDP if self.rt.distributed else WARMUP_STEPS
-        saved = _snapshot(self.t)
+        kept = saved.snapshot(self.t)
         torch.cuda.synchronize(self.rt.device)
         start = time.perf_counter()
         for n, size in dict.fromkeys(s for s in shapes if s[0] > 0):
@@ -78,7 +78,7 @@ class GraphedStep:
             self.seconds_each[f"{n}x{size}"] = {"warm_up_steps": round(warmed - began, 3),
                                                  "capture": round(time.perf_counter() - warmed, 3)}
         seconds = time.perf_counter() - start
-        _restore(self.t, saved)
+        saved.restore(self.t, kept)
         return seconds
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -90,36 +90,3 @@ class GraphedStep:
         g.y.copy_(y)
         g.graph.replay()
         return g.loss, g.grad_norm
-
-
-def _snapshot(t: Trainable) -> dict:
-    """Host copies of what warm-up steps change, to be put back into the same tensors (the graphs
-    hold their addresses) once the graphs are captured."""
-    opt_state = {p: {k: v.detach().to("cpu", copy=True) for k, v in s.items() if isinstance(v, torch.Tensor)}
-                 for p, s in t.optimizer.state.items()}
-    return {
-        "params": [p.detach().to("cpu", copy=True) for p in t.raw.parameters()],
-        "buffers": [b.detach().to("cpu", copy=True) for b in t.raw.buffers()],
-        "optimizer": opt_state,
-        "scaler": t.scaler.state_dict() if t.scaler.is_enabled() else None,
-        "cpu_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all(),
-    }
-
-
-@torch.no_grad()
-def _restore(t: Trainable, saved: dict) -> None:
-    for p, v in zip(t.raw.parameters(), saved["params"], strict=True):
-        p.copy_(v)
-    for b, v in zip(t.raw.buffers(), saved["buffers"], strict=True):
-        b.copy_(v)
-    for p, state in t.optimizer.state.items():
-        before = saved["optimizer"].get(p)
-        for k, v in state.items():
-            if isinstance(v, torch.Tensor):  # AdamW's fresh state is all zeros (moments, step count)
-                v.copy_(before[k]) if before is not None else v.zero_()
-    if saved["scaler"] is not None:  # the tensors it made lazily stay; their values go back
-        t.scaler._scale.fill_(saved["scaler"]["scale"])
-        t.scaler._growth_tracker.fill_(saved["scaler"]["_growth_tracker"])
-    torch.set_rng_state(saved["cpu_rng"])
-    torch.cuda.set_rng_state_all(saved["cuda_rng"])

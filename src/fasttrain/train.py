@@ -7,14 +7,10 @@ what autocast and the GradScaler do. It never branches on the variant's name.
 from __future__ import annotations
 
 import contextlib
-import csv
 import functools
-import io
 import os
 import random
 import re
-import resource
-import shutil
 import sys
 import time
 import warnings
@@ -25,7 +21,7 @@ from typing import Callable
 import click
 import torch
 
-from fasttrain import atomic, checkpoint, clock, config, graphs, parallel, preemption, switches
+from fasttrain import checkpoint, clock, config, graphs, parallel, preemption, report, saved, switches
 from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
@@ -80,27 +76,6 @@ def train_sizes(cfg: config.TrainConfig) -> list[int]:
     return list(dict.fromkeys(train_size(cfg, epoch) for epoch in range(cfg.epochs)))
 
 
-def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
-    if rt.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(rt.device) / 2**20, "cuda_max_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, "cpu_max_rss"
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """The generators' states as rng_state() took them: byte tensors, which torch wants on the CPU."""
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
 def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):
     if cfg.scheduler == "plateau":
         return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.plateau_factor,
@@ -112,89 +87,7 @@ def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):
 
 
 @dataclass
-class EpochRecord:
-    epoch: int
-    seconds: float
-    train_loss: float
-    test_accuracy: float | None
-    lr: float
-    images: int
-    img_size: int | None = None  # the training resolution (None in checkpoints from before progressive resizing)
-    max_grad_norm: float | None = None  # the largest gradient norm of the epoch's steps, before clipping (grad_clip only)
-    eval_seconds: float | None = None  # the test-set evaluation after the epoch (outside `seconds`)
-
-    @property
-    def images_per_second(self) -> float:
-        return self.images / self.seconds
-
-
-@dataclass
-class TrainState:
-    """Everything a checkpoint restores; the rest of a run is re-derived from params."""
-    epoch: int = 0  # epochs completed
-    global_step: int = 0
-    history: list[EpochRecord] = field(default_factory=list)
-    skipped_steps: int = 0
-    epoch_steps: int = 0  # steps done of epoch `epoch` + 1 (a checkpoint written on SIGTERM, mid-epoch)
-    epoch_seconds: float = 0.0  # and the seconds they took
-
-
-def _state_to_dict(state: TrainState) -> dict:
-    return {"epoch": state.epoch, "global_step": state.global_step, "skipped_steps": state.skipped_steps,
-            "history": [vars(r) for r in state.history], "epoch_steps": state.epoch_steps,
-            "epoch_seconds": state.epoch_seconds}
-
-
-def _state_from_dict(d: dict) -> TrainState:
-    return TrainState(d["epoch"], d["global_step"], [EpochRecord(**r) for r in d["history"]], d["skipped_steps"],
-                      d.get("epoch_steps", 0), d.get("epoch_seconds", 0.0))
-
-
-def config_changes(saved: dict, now: dict) -> list[str]:
-    """'section.key: old -> new' for every setting where two resolved configs differ."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    a, b = flat(saved), flat(now)
-    return [f"{k}: {a.get(k, '(none)')!r} -> {b.get(k, '(none)')!r}" for k in sorted(a.keys() | b.keys())
-            if a.get(k, "(none)") != b.get(k, "(none)")]
-
-
-def checkpoint_to_resume(path: Path, digest: str, explicit: bool, resolved: dict | None = None) -> dict | None:
-    """The training checkpoint to resume from, or None for a fresh run.
-
-    A finished run found in its checkpoints/ folder (a finished run removes its own; this one was copied in or
-    left by an older fasttrain) is not resumed (re-running a stage measures it again), and it may
-    come from any config; an unfinished one from another config is refused rather than
-    silently thrown away. A checkpoint named with --resume must exist, load and be unfinished.
-    """
-    if not explicit and not path.exists():
-        return None
-    # memory-mapped: a finished run's 685 MB (AlexNet with AdamW's state) is not read to learn that it
-    # is finished; a resumed one's tensors are read as they are copied into the model and optimizer
-    ckpt = checkpoint.load(path, mmap=True)  # missing, corrupt, or code in it: an error
-    missing = sorted({"optimizer", "scaler", "state", "rng", "config", "config_hash"} - set(ckpt))
-    if missing:
-        raise FasttrainError(f"{path} is not a training checkpoint (no {', '.join(missing)}): "
-                             f"a final model cannot be resumed; use checkpoints/<variant>/<hash>/last.pt")
-    done, planned = ckpt["state"]["epoch"], ckpt["config"]["train"]["epochs"]
-    if done >= planned:
-        if explicit:
-            raise FasttrainError(f"{path} is a finished run ({done} of {planned} epochs): nothing to resume")
-        return None
-    if ckpt["config_hash"] != digest:
-        changes = config_changes(ckpt["config"], resolved) if resolved is not None else []
-        what = f": {'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}" if changes else ""
-        raise FasttrainError(f"{path} is from another config (hash {ckpt['config_hash']}, now {digest}){what}; "
-                             f"restore the params it was made with, or delete it to start afresh")
-    return ckpt
-
-
-@dataclass
-class _Run:
+class Run:
     """One variant's training run: what the loop's named steps share."""
     params: config.Params
     precision: Precision
@@ -212,7 +105,7 @@ class _Run:
     step: Callable  # (x, y) -> (loss, grad norm) as device tensors: train_step, or its CUDA graphs
     stop: preemption.StopRequest
     phase: str = "the warm-up at the real shapes, before the first epoch"  # where an out-of-memory happened
-    state: TrainState = field(default_factory=TrainState)
+    state: saved.TrainState = field(default_factory=saved.TrainState)
     epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumes (state.epoch_steps)
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
     saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
@@ -254,20 +147,20 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                     steps, seconds = _train_epoch(run, epoch, progress)
                 whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
                 if whole:
-                    _log_epoch(run, _end_epoch(run, epoch, steps, seconds))
+                    report.log_epoch(run, _end_epoch(run, epoch, steps, seconds))
                 # none after the last epoch: the final model is written next, and a finished run is never resumed
                 due = stop.stopping or run.state.epoch % run.params.run.checkpoint_every == 0
                 if due and run.state.epoch < run.cfg.epochs:
                     with clock.phase("checkpoints"):
-                        _save_checkpoint(run, None if whole else (steps, seconds))
+                        saved.save(run, None if whole else (steps, seconds))
                 if whole and rt.is_main:
-                    _write_progress(run)  # for dvc exp show; after the checkpoint, so a full disk loses no training
+                    report.write_progress(run)  # for dvc exp show; after the checkpoint, so a full disk loses no training
                 if stop.stopping and run.state.epoch < run.cfg.epochs:
                     raise _preempted(run, epoch, steps.steps if not whole else 0)
         return _finish(run, wall_start)
 
 
-def _preempted(run: _Run, epoch: int, steps: int) -> Preempted:
+def _preempted(run: Run, epoch: int, steps: int) -> Preempted:
     at = f"epoch {epoch + 1}, step {steps}" if steps else f"the end of epoch {epoch + 1}"
     again = ("queue the experiment again with the same params" if os.environ.get("DVC_EXP_NAME")
              else "run the same command again")  # DVC names a queued or --temp experiment's run
@@ -275,7 +168,7 @@ def _preempted(run: _Run, epoch: int, steps: int) -> Preempted:
                      f"{again} to resume (exit {preemption.EXIT_PREEMPTED})")
 
 
-def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
+def _prepare(params, precision, rt, layout, log, resume, stop) -> Run:
     """Data, model, optimizer, loaders and scheduler; the checkpoint resumed, if any."""
     cfg = params.train
     dataset = load_dataset(layout.dataset)
@@ -301,75 +194,16 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> _Run:
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **args)
     step = (graphs.GraphedStep(t, precision, rt) if plan.cuda_graphs
             else lambda x, y: train_step(t, precision, x, y))
-    run = _Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
+    run = Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
                make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, digest,
                layout.checkpoint_dir(f"{rt.parallel}-{precision.name}", digest) / "last.pt", step, stop)
-    _resume(run, resume)
+    saved.resume(run, resume)
     if rt.is_main:
-        from torch.utils.tensorboard import SummaryWriter
-
-        folder = layout.tensorboard(run.variant)
-        if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
-            shutil.rmtree(folder, ignore_errors=True)
-        elif resume is None and not folder.exists() and _kept_tensorboard(run).is_dir():
-            # dvc repro deleted the stage's outputs before resuming it: the run's curves up to its checkpoint
-            shutil.copytree(_kept_tensorboard(run), folder)
-        # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
-        with atomic.disk_errors(folder, TENSORBOARD):
-            run.writer = _GuardedWriter(SummaryWriter(
-                str(folder), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
+        run.writer = report.open_tensorboard(run, resumed_elsewhere=resume is not None)
     return run
 
 
-TENSORBOARD = "the TensorBoard log"
-
-
-class _GuardedWriter:
-    """TensorBoard's SummaryWriter, whose full disk or refused permission (its writer thread's
-    OSError, raised again by the next call) ends as atomic.DiskError's one line."""
-
-    def __init__(self, writer, folder: Path):
-        self._writer, self._folder = writer, folder
-
-    def __getattr__(self, name):
-        method = getattr(self._writer, name)
-
-        def guarded(*args, **kwargs):
-            with atomic.disk_errors(self._folder, TENSORBOARD):
-                return method(*args, **kwargs)
-        return guarded
-
-
-def _resume(run: _Run, resume: Path | None) -> None:
-    resume_from = resume or run.ckpt_path
-    ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None, resolved=run.resolved)
-    if ckpt is None:
-        others = sorted(p.parent for p in run.ckpt_path.parent.parent.glob("*/last.pt") if p != run.ckpt_path)
-        for other in others:  # nothing is thrown away unasked: say that it is there, and what it costs
-            megabytes = sum(f.stat().st_size for f in other.rglob("*") if f.is_file()) / 2**20
-            run.log(f"{run.variant}: {other} is an unfinished run of other params (or another data set), "
-                    f"kept: train with those to resume it, or delete it to free {megabytes:,.0f} MB")
-        return
-    t = run.t
-    t.raw.load_state_dict(ckpt["model"])
-    lr_tensor = isinstance(t.optimizer.param_groups[0]["lr"], torch.Tensor)
-    t.optimizer.load_state_dict(ckpt["optimizer"])
-    for group in t.optimizer.param_groups:  # graphed steps read the lr from a device tensor, eager ones a float
-        group["lr"] = (torch.tensor(float(group["lr"]), device=run.rt.device) if lr_tensor
-                       else float(group["lr"]))
-    t.scaler.load_state_dict(ckpt["scaler"])
-    if run.scheduler is not None:
-        run.scheduler.load_state_dict(ckpt["scheduler"])
-    run.state = _state_from_dict(ckpt["state"])
-    run.saved_epoch = run.state.epoch
-    set_rng_state(ckpt["rng"][run.rt.rank])
-    if run.state.epoch_steps:
-        run.epoch_log = ckpt["epoch_logs"][run.rt.rank]
-    mid = f" and {run.state.epoch_steps} step(s) of epoch {run.state.epoch + 1}" if run.state.epoch_steps else ""
-    run.log(f"{run.variant}: resuming from {resume_from} after epoch {run.state.epoch}{mid}")
-
-
-def _warm_up(run: _Run) -> None:
+def _warm_up(run: Run) -> None:
     """Compile (train.compile: the full batch at each training resolution; the short last batch runs
     eagerly) and capture the CUDA graphs (train.cuda_graphs: the full and the short last batch at
     each resolution). On a GPU every shape training will meet runs here once (forward and
@@ -407,7 +241,7 @@ def _warm_up(run: _Run) -> None:
 
 
 @contextlib.contextmanager
-def _out_of_memory_explained(run: _Run):
+def _out_of_memory_explained(run: Run):
     """torch.OutOfMemoryError as one line: what ran, at which shapes, the device's memory, what was
     asked, and what to change. Under ddp the failed rank exits; torchrun's agent then stops the
     others (SIGTERM, SIGKILL after 30 s), so none waits on it in a collective."""
@@ -417,7 +251,7 @@ def _out_of_memory_explained(run: _Run):
         raise FasttrainError(out_of_memory_message(run, e)) from None
 
 
-def out_of_memory_message(run: _Run, e: BaseException) -> str:
+def out_of_memory_message(run: Run, e: BaseException) -> str:
     cfg, rt = run.cfg, run.rt
     asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(e))
     if rt.device.type == "cuda":
@@ -438,7 +272,7 @@ def out_of_memory_message(run: _Run, e: BaseException) -> str:
 SCHEDULE_FIRST = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
 
 
-def _first_schedule_step(run: _Run) -> None:
+def _first_schedule_step(run: Run) -> None:
     """The one-cycle schedule's first step. When GradScaler skipped the run's first step (amp: its
     initial scale, 65536, overflows the fp16 gradients), the optimizer has not stepped yet and torch
     warns as if the calls were out of order; the log says what happened instead, once."""
@@ -454,7 +288,7 @@ def _first_schedule_step(run: _Run) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
+def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
     """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
     loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
     loader.set_epoch(epoch)
@@ -489,7 +323,7 @@ def _train_epoch(run: _Run, epoch: int, progress: Progress) -> tuple[StepLog, fl
     return steps, seconds
 
 
-def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRecord:
+def _end_epoch(run: Run, epoch: int, steps: StepLog, seconds: float) -> saved.EpochRecord:
     """Sums over ranks, the non-finite check, the per-step scalars, evaluation and the plateau
     schedule: everything an epoch ends with, after its timed steps."""
     rt, state = run.rt, run.state
@@ -501,7 +335,7 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
     seen, bad, skip = int(totals[1]), int(totals[2]), int(totals[3])
     if bad and not (run.t.scaler.is_enabled() and bad <= skip):
         _raise_non_finite(run, epoch, summary, bad)
-    _write_step_scalars(run, summary)
+    report.write_step_scalars(run, summary)
     state.global_step += steps.steps
     state.skipped_steps += skip
     epoch_loss = float(totals[0]) / max(1, seen - bad * run.per_rank_batch)
@@ -511,14 +345,14 @@ def _end_epoch(run: _Run, epoch: int, steps: StepLog, seconds: float) -> EpochRe
                                   run.params.evaluate.flip_tta).accuracy  # (its counts' all-reduce syncs)
     if isinstance(run.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         run.scheduler.step(epoch_loss)
-    record = EpochRecord(epoch + 1, seconds, epoch_loss, accuracy, float(run.t.optimizer.param_groups[0]["lr"]),
+    record = saved.EpochRecord(epoch + 1, seconds, epoch_loss, accuracy, float(run.t.optimizer.param_groups[0]["lr"]),
                          seen, train_size(run.cfg, epoch), summary["grad_norm_max"], evaluation.seconds)
     state.history.append(record)
     state.epoch = epoch + 1
     return record
 
 
-def _raise_non_finite(run: _Run, epoch: int, summary: dict, bad: int) -> None:
+def _raise_non_finite(run: Run, epoch: int, summary: dict, bad: int) -> None:
     """The earliest bad step over all ranks (every rank gets here: `bad` is summed over them)."""
     mine = summary["first_bad_step"]
     earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
@@ -530,198 +364,22 @@ def _raise_non_finite(run: _Run, epoch: int, summary: dict, bad: int) -> None:
                          f"({bad} step(s)); {kept}")
 
 
-def _write_step_scalars(run: _Run, summary: dict) -> None:
-    """Per-step TensorBoard scalars, from the epoch's log: no sync inside the epoch."""
-    if run.writer is None:
-        return
-    first, every = run.state.global_step, run.params.run.log_every_steps
-    for i, loss_value in enumerate(summary["losses"]):
-        global_step = first + i + 1
-        if global_step % every == 0:
-            run.writer.add_scalar("train/loss", loss_value, global_step)
-            run.writer.add_scalar("train/lr", summary["lrs"][i], global_step)
-            if summary["scales"] is not None:
-                run.writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
-            if summary["grad_norms"] is not None:
-                run.writer.add_scalar("train/grad_norm", summary["grad_norms"][i], global_step)
-
-
-def _log_epoch(run: _Run, record: EpochRecord) -> None:
-    at = f" at {record.img_size} px" if run.cfg.progressive_epochs else ""
-    norm = "" if record.max_grad_norm is None else f"  max grad norm {record.max_grad_norm:.3g}"
-    run.log(f"{run.variant}: epoch {record.epoch}/{run.cfg.epochs}{at}  loss {record.train_loss:.4f}  "
-            f"test acc {record.test_accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s{norm}")
-    if run.writer is not None:
-        run.writer.add_scalar("epoch/train_loss", record.train_loss, record.epoch)
-        run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
-        run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
-        run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
-        run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
-
-
-def _write_progress(run: _Run) -> None:
-    """The per-epoch table and the metrics so far, at their final paths, after every epoch: `dvc exp
-    show` reads a running experiment's files from its workspace, queued runs' temporary ones too.
-    `_finish` overwrites the metrics with the whole set."""
-    last = run.state.history[-1]
-    atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
-                             "the per-epoch table")
-    atomic.atomic_write_json(run.layout.train_metrics(run.variant), {
-        "epochs": last.epoch, "train_seconds": round(sum(r.seconds for r in run.state.history), 3),
-        "train_loss": round(last.train_loss, 6), "test_accuracy": last.test_accuracy}, "the training metrics")
-
-
-def _finish(run: _Run, wall_start: float) -> dict:
+def _finish(run: Run, wall_start: float) -> dict:
     """The final model, the per-epoch table, the metrics and the TensorBoard hparams (main process)."""
-    rt, cfg = run.rt, run.cfg
-    peak, peak_kind = peak_memory_mb(rt)
+    rt = run.rt
+    peak, peak_kind = report.peak_memory_mb(rt)
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
     if rt.is_main:
         with clock.phase("final_model"):
             checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved,
                              "classes": run.dataset.classes, "variant": run.variant},
                             run.layout.model(run.variant), "the final model")
-    metrics = _metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
+    metrics = report.metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
     if rt.is_main:
-        atomic.atomic_write_text(run.layout.train_plot(run.variant), _history_csv(run.state.history),
-                                 "the per-epoch table")
-        atomic.write_record(metrics, HEADLINE, run.layout.train_metrics(run.variant),
-                     run.layout.train_diagnostics(run.variant), "training")
-        hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
-                   "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
-                   **{k: v for k, v in config.to_dict(run.cfg).items() if k in HPARAM_KEYS},
-                   "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
-        run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
-                               run_name=".")  # "." keeps the hparams in the variant's own run folder
-        run.writer.flush()
-        run.writer.close()
-        _drop_checkpoint(run)  # last: an output that fails to be written leaves the run resumable
+        report.write_record(run, metrics)
+        saved.drop(run)  # last: an output that fails to be written leaves the run resumable
     parallel.barrier(rt)
     return metrics
-
-
-# where the process's time goes (clock.phase), in the metrics whether or not the run entered them: a run
-# too short to checkpoint reports checkpoints 0.0; the final model's is the main process's
-PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model")
-
-# train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
-HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "space_to_depth",
-               "fused_max_pool", "compile", "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum",
-               "deterministic")
-HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
-
-# the record's headline figures: metrics/train/<variant>.json, what `dvc metrics show` and `dvc metrics
-# diff` print; the rest of it (phases, compile and capture, warnings, lists) is diagnostics/train/
-HEADLINE = ("epochs", "train_seconds", "epoch_seconds", "images_per_second", "peak_memory_mb",
-            "train_loss", "test_accuracy")
-
-
-def _save_checkpoint(run: _Run, partial: tuple[StepLog, float] | None = None) -> None:
-    """At the end of an epoch, or after `partial`'s steps and seconds of the next one (on a signal):
-    then each rank's StepLog so far goes in too, so the resumed epoch sums the same losses."""
-    rt, t = run.rt, run.t
-    mine = {"rng": rng_state(), "epoch_log": partial[0].state_dict() if partial else None}
-    ranks = rt.mode.all_ranks(mine, rt)
-    state = _state_to_dict(run.state)
-    if partial:
-        state["epoch_steps"], state["epoch_seconds"] = partial[0].steps, partial[1]
-    if rt.is_main:
-        checkpoint.save({
-            "model": t.raw.state_dict(), "optimizer": t.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
-            "scaler": t.scaler.state_dict(), "state": state, "rng": [r["rng"] for r in ranks],
-            "epoch_logs": [r["epoch_log"] for r in ranks], "config": run.resolved, "config_hash": run.digest,
-        }, run.ckpt_path)
-        _keep_tensorboard(run)
-    run.saved_epoch = run.state.epoch
-    run.checkpoints_written += 1
-    parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
-
-
-def _drop_checkpoint(run: _Run) -> None:
-    """Once the final outputs are written, the variant's checkpoint (an earlier epoch's, ~685 MB for AlexNet
-    with AdamW's state) and its TensorBoard copy go: the next `train` would otherwise resume it instead of
-    measuring the run again. A checkpoint named with --resume elsewhere is the user's and stays."""
-    checkpoint.remove(run.ckpt_path)
-    shutil.rmtree(_kept_tensorboard(run), ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty: something of the user's, or another run of the variant
-        run.ckpt_path.parent.rmdir()
-        run.ckpt_path.parent.parent.rmdir()
-
-
-def _kept_tensorboard(run: _Run) -> Path:
-    return run.ckpt_path.parent / "tensorboard"
-
-
-def _keep_tensorboard(run: _Run) -> None:
-    """A copy of the TensorBoard run beside its checkpoint. tensorboard/<variant> is a DVC output, and
-    DVC deletes a stage's outputs before running it again, so a run resumed by `dvc repro` would
-    otherwise show no curves before its checkpoint (the copy is kilobytes)."""
-    run.writer.flush()
-    kept = _kept_tensorboard(run)
-    shutil.rmtree(kept, ignore_errors=True)
-    shutil.copytree(run.layout.tensorboard(run.variant), kept)
-
-
-def _history_csv(history: list[EpochRecord]) -> str:
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second",
-                "img_size", "max_grad_norm"])
-    elapsed = 0.0
-    for r in history:
-        elapsed += r.seconds
-        w.writerow([r.epoch, f"{elapsed:.3f}", f"{r.seconds:.3f}", f"{r.train_loss:.6f}",
-                    "" if r.test_accuracy is None else f"{r.test_accuracy:.6f}", f"{r.lr:.3g}",
-                    f"{r.images_per_second:.1f}", "" if r.img_size is None else r.img_size,
-                    "" if r.max_grad_norm is None else f"{r.max_grad_norm:.4g}"])
-    return out.getvalue()
-
-
-def _compile_workers() -> int:
-    """The processes inductor compiles kernels in (TORCHINDUCTOR_COMPILE_THREADS; 1: in this one)."""
-    from torch._inductor import config as inductor_config
-
-    return inductor_config.compile_threads
-
-
-def _metrics(run: _Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
-    h, cfg, rt, scaler = run.state.history, run.cfg, run.rt, run.t.scaler
-    # the first epoch carries warm-up (cudnn autotune, caches); under progressive resizing the steady
-    # rate is the one at img_size, the resolution the run is about
-    steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
-    steady_seconds = sum(r.seconds for r in steady) / len(steady)
-    steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
-    return {
-        "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
-        "epochs": len(h),
-        "train_seconds": round(sum(r.seconds for r in h), 3),
-        "wall_seconds": round(wall_seconds, 3),  # from the start of training (data, model) to the final model
-        "process_seconds": clock.report(PHASES),  # this process's wall time by phase, start-up and checkpoints too
-        "checkpoints_written": run.checkpoints_written,
-        "first_epoch_seconds": round(h[0].seconds, 3),
-        "epoch_seconds": round(steady_seconds, 3),
-        "epoch_seconds_each": [round(r.seconds, 3) for r in h],
-        "images_per_second": round(steady_ips, 1),
-        "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
-        "compile_seconds": round(sum(run.compile_seconds_each.values()), 3) if run.compile_seconds_each else None,
-        "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
-        "compile_cache": run.compile_cache,  # graphs found in torch.compile's caches (hit), or compiled (miss)
-        "compile_workers": _compile_workers() if cfg.compile else None,
-        "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
-        "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
-        "capture_seconds_each": run.step.seconds_each if isinstance(run.step, graphs.GraphedStep) else None,
-        "deterministic": cfg.deterministic,
-        "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
-        "train_loss": round(h[-1].train_loss, 6),  # the last epoch's
-        "test_accuracy": h[-1].test_accuracy,
-        "grad_scaler_skipped_steps": run.state.skipped_steps,
-        "grad_scaler_final_scale": scaler.get_scale() if scaler.is_enabled() else None,
-        "device": rt.device_name, "device_count": rt.replicas,
-        "torch_version": torch.__version__, "world_size": rt.world_size,
-        "batch_size": cfg.batch_size, "seed": cfg.seed,
-        "warnings": rt.warnings,
-    }
 
 
 @click.command("train")

@@ -14,7 +14,7 @@ from test_plots_browser import assert_draws_offline
 
 from fasttrain.evaluate import HEADLINE as EVAL_HEADLINE
 from fasttrain.layout import VARIANTS
-from fasttrain.train import HEADLINE as TRAIN_HEADLINE
+from fasttrain.report import HEADLINE as TRAIN_HEADLINE
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,8 @@ from scratch import run
 from fasttrain import atomic
 from fasttrain.evaluate import _confusion_csv
 from fasttrain.layout import VARIANTS, Layout
-from fasttrain.train import EpochRecord, _history_csv
+from fasttrain.report import history_csv
+from fasttrain.saved import EpochRecord
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def fabricate_run(repo, seed: int) -> None:
         history = [EpochRecord(e, 1000 / speed, 2.3 / e, 0.1 + 0.1 * e, 1e-3, 1000) for e in (1, 2, 3)]
         confusion = torch.randint(0, 3, (10, 10), generator=torch.Generator().manual_seed(seed + k))
         confusion += torch.diag(torch.full((10,), 10))
-        atomic.atomic_write_text(layout.train_plot(variant), _history_csv(history))
+        atomic.atomic_write_text(layout.train_plot(variant), history_csv(history))
         atomic.atomic_write_text(layout.confusion_plot(variant), _confusion_csv(confusion, CLASSES))
         atomic.atomic_write_json(layout.train_metrics(variant), {
             "epoch_seconds": 1000 / speed, "images_per_second": round(speed, 1),

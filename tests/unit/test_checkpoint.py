@@ -8,7 +8,7 @@ import torch
 
 from fasttrain import checkpoint
 from fasttrain.errors import FasttrainError
-from fasttrain.train import checkpoint_to_resume
+from fasttrain.saved import checkpoint_to_resume
 
 BIG = 64 * 2**20  # float32 values: a 256 MB tensor, as a stand-in for AlexNet's 685 MB with AdamW's state
 
@@ -41,7 +41,7 @@ def test_learning_that_a_run_is_finished_reads_none_of_its_tensors(tmp_path):
     code = """
 import re, sys
 from pathlib import Path
-from fasttrain.train import checkpoint_to_resume
+from fasttrain.saved import checkpoint_to_resume
 def peak_kb():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
 before = peak_kb()

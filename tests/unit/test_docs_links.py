@@ -80,3 +80,34 @@ def test_the_plots_page_draws_offline_as_the_docs_say():
     assert not re.search(r"<script[^>]+src=", page) and "{plot_divs}" in page
     for doc in CURRENT:
         assert "loads vega from" not in doc.read_text(), doc
+
+
+def test_architecture_md_lists_every_module_on_a_floor_it_keeps():
+    """docs/architecture.md's table: each module of src/fasttrain in one row, and no module imports
+    (at run time; annotations under TYPE_CHECKING aside) from a row below its own."""
+    import ast
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = [re.findall(r"`(\w+)`", line.split("|")[1]) for line in text.splitlines()
+            if line.startswith("| `")]
+    floor = {m: i for i, names in enumerate(rows) for m in names}
+    src = ROOT / "src" / "fasttrain"
+    modules = {p.stem for p in src.glob("*.py")} - {"__init__", "__main__"}
+    assert sorted(floor) == sorted(modules) and sum(map(len, rows)) == len(modules)
+    upward = []
+    for path in sorted(src.glob("*.py")):
+        if path.stem not in floor:
+            continue
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fasttrain"):
+                names = [a.name for a in node.names] if node.module == "fasttrain" else [node.module.split(".")[1]]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names if a.name.startswith("fasttrain.")]
+            upward += [f"{path.stem} -> {n}" for n in names if floor.get(n, -1) > floor[path.stem]]
+    assert upward == []

@@ -32,7 +32,8 @@ SIGNAL_AT = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
 
 
 def _gate(module) -> None:
-    write_progress = module._write_progress  # the metrics so far, written after each epoch (main process)
+    """`module` is fasttrain.report, whose write_progress train calls after each epoch (main process)."""
+    write_progress = module.write_progress  # the metrics so far
 
     def gated(run):
         write_progress(run)
@@ -52,7 +53,7 @@ def _gate(module) -> None:
                     except TimeoutError:
                         continue
 
-    module._write_progress = gated
+    module.write_progress = gated
 
 
 def _fault_at(rt, epoch: int, step: int) -> None:
@@ -103,7 +104,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         def exec_and_wrap(module):
             exec_module(module)
             if SOCKET:
-                _gate(module)
+                _gate(sys.modules["fasttrain.report"])
             if KILL_AT or SIGNAL_AT:
                 _faults(module)
 

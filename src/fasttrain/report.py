@@ -1,0 +1,204 @@
+"""What a training run reports, and where: the log line per epoch, TensorBoard (per-step and
+per-epoch scalars, the hparams view), the per-epoch table and the metrics so far after every epoch
+(`dvc exp show` reads them from a running experiment), and the whole record at the end: headline
+figures in metrics/train/, the rest in diagnostics/train/."""
+
+from __future__ import annotations
+
+import csv
+import io
+import resource
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from fasttrain import atomic, clock, config, graphs, parallel, saved
+from fasttrain.saved import EpochRecord
+
+if TYPE_CHECKING:
+    from fasttrain.train import Run
+
+
+def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
+    if rt.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(rt.device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, "cpu_max_rss"
+
+
+TENSORBOARD = "the TensorBoard log"
+
+
+def open_tensorboard(run: Run, resumed_elsewhere: bool) -> GuardedWriter:
+    """The variant's TensorBoard writer (main process): a fresh run's folder emptied first, a resumed
+    run's curves kept up to its checkpoint (`resumed_elsewhere`: from a checkpoint named with --resume,
+    whose curves are not beside it)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = run.layout.tensorboard(run.variant)
+    if run.state.epoch == 0:  # a fresh run: last run's curves would overlay this one's
+        shutil.rmtree(folder, ignore_errors=True)
+    elif not resumed_elsewhere and not folder.exists() and saved.kept_tensorboard(run).is_dir():
+        # dvc repro deleted the stage's outputs before resuming it: the run's curves up to its checkpoint
+        shutil.copytree(saved.kept_tensorboard(run), folder)
+    # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
+    with atomic.disk_errors(folder, TENSORBOARD):
+        return GuardedWriter(SummaryWriter(
+            str(folder), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
+
+
+class GuardedWriter:
+    """TensorBoard's SummaryWriter, whose full disk or refused permission (its writer thread's
+    OSError, raised again by the next call) ends as atomic.DiskError's one line."""
+
+    def __init__(self, writer, folder: Path):
+        self._writer, self._folder = writer, folder
+
+    def __getattr__(self, name):
+        method = getattr(self._writer, name)
+
+        def guarded(*args, **kwargs):
+            with atomic.disk_errors(self._folder, TENSORBOARD):
+                return method(*args, **kwargs)
+        return guarded
+
+
+def write_step_scalars(run: Run, summary: dict) -> None:
+    """Per-step TensorBoard scalars, from the epoch's log: no sync inside the epoch."""
+    if run.writer is None:
+        return
+    first, every = run.state.global_step, run.params.run.log_every_steps
+    for i, loss_value in enumerate(summary["losses"]):
+        global_step = first + i + 1
+        if global_step % every == 0:
+            run.writer.add_scalar("train/loss", loss_value, global_step)
+            run.writer.add_scalar("train/lr", summary["lrs"][i], global_step)
+            if summary["scales"] is not None:
+                run.writer.add_scalar("train/loss_scale", summary["scales"][i], global_step)
+            if summary["grad_norms"] is not None:
+                run.writer.add_scalar("train/grad_norm", summary["grad_norms"][i], global_step)
+
+
+def log_epoch(run: Run, record: EpochRecord) -> None:
+    at = f" at {record.img_size} px" if run.cfg.progressive_epochs else ""
+    norm = "" if record.max_grad_norm is None else f"  max grad norm {record.max_grad_norm:.3g}"
+    run.log(f"{run.variant}: epoch {record.epoch}/{run.cfg.epochs}{at}  loss {record.train_loss:.4f}  "
+            f"test acc {record.test_accuracy:.4f}  {record.seconds:.2f} s  {record.images_per_second:,.0f} img/s{norm}")
+    if run.writer is not None:
+        run.writer.add_scalar("epoch/train_loss", record.train_loss, record.epoch)
+        run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
+        run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
+        run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
+        run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
+
+
+def write_progress(run: Run) -> None:
+    """The per-epoch table and the metrics so far, at their final paths, after every epoch: `dvc exp
+    show` reads a running experiment's files from its workspace, queued runs' temporary ones too.
+    `_finish` overwrites the metrics with the whole set."""
+    last = run.state.history[-1]
+    atomic.atomic_write_text(run.layout.train_plot(run.variant), history_csv(run.state.history),
+                             "the per-epoch table")
+    atomic.atomic_write_json(run.layout.train_metrics(run.variant), {
+        "epochs": last.epoch, "train_seconds": round(sum(r.seconds for r in run.state.history), 3),
+        "train_loss": round(last.train_loss, 6), "test_accuracy": last.test_accuracy}, "the training metrics")
+
+
+# where the process's time goes (clock.phase), in the metrics whether or not the run entered them: a run
+# too short to checkpoint reports checkpoints 0.0; the final model's is the main process's
+PHASES = ("start_up", "runtime", "prepare", "warm_up", "train", "eval", "checkpoints", "final_model")
+
+
+# train params shown beside each run in TensorBoard's hparams view, and the metrics shown with them
+HPARAM_KEYS = ("batch_size", "lr", "epochs", "img_size", "seed", "scheduler", "channels_last", "space_to_depth",
+               "fused_max_pool", "compile", "progressive_epochs", "progressive_size", "adam_beta2", "cycle_momentum",
+               "deterministic")
+
+
+HPARAM_METRICS = ("images_per_second", "epoch_seconds", "peak_memory_mb", "train_loss", "test_accuracy")
+
+
+# the record's headline figures: metrics/train/<variant>.json, what `dvc metrics show` and `dvc metrics
+# diff` print; the rest of it (phases, compile and capture, warnings, lists) is diagnostics/train/
+HEADLINE = ("epochs", "train_seconds", "epoch_seconds", "images_per_second", "peak_memory_mb",
+            "train_loss", "test_accuracy")
+
+
+def history_csv(history: list[EpochRecord]) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["epoch", "elapsed_seconds", "epoch_seconds", "train_loss", "test_accuracy", "lr", "images_per_second",
+                "img_size", "max_grad_norm"])
+    elapsed = 0.0
+    for r in history:
+        elapsed += r.seconds
+        w.writerow([r.epoch, f"{elapsed:.3f}", f"{r.seconds:.3f}", f"{r.train_loss:.6f}",
+                    "" if r.test_accuracy is None else f"{r.test_accuracy:.6f}", f"{r.lr:.3g}",
+                    f"{r.images_per_second:.1f}", "" if r.img_size is None else r.img_size,
+                    "" if r.max_grad_norm is None else f"{r.max_grad_norm:.4g}"])
+    return out.getvalue()
+
+
+def compile_workers() -> int:
+    """The processes inductor compiles kernels in (TORCHINDUCTOR_COMPILE_THREADS; 1: in this one)."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.compile_threads
+
+
+def metrics(run: Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
+    h, cfg, rt, scaler = run.state.history, run.cfg, run.rt, run.t.scaler
+    # the first epoch carries warm-up (cudnn autotune, caches); under progressive resizing the steady
+    # rate is the one at img_size, the resolution the run is about
+    steady = [r for r in h[1:] if r.img_size in (None, cfg.img_size)] or h[1:] or h
+    steady_seconds = sum(r.seconds for r in steady) / len(steady)
+    steady_ips = sum(r.images for r in steady) / sum(r.seconds for r in steady)
+    return {
+        "variant": run.variant, "parallel": rt.parallel, "precision": run.precision.name,
+        "epochs": len(h),
+        "train_seconds": round(sum(r.seconds for r in h), 3),
+        "wall_seconds": round(wall_seconds, 3),  # from the start of training (data, model) to the final model
+        "process_seconds": clock.report(PHASES),  # this process's wall time by phase, start-up and checkpoints too
+        "checkpoints_written": run.checkpoints_written,
+        "first_epoch_seconds": round(h[0].seconds, 3),
+        "epoch_seconds": round(steady_seconds, 3),
+        "epoch_seconds_each": [round(r.seconds, 3) for r in h],
+        "images_per_second": round(steady_ips, 1),
+        "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
+        "compile_seconds": round(sum(run.compile_seconds_each.values()), 3) if run.compile_seconds_each else None,
+        "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
+        "compile_cache": run.compile_cache,  # graphs found in torch.compile's caches (hit), or compiled (miss)
+        "compile_workers": compile_workers() if cfg.compile else None,
+        "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
+        "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
+        "capture_seconds_each": run.step.seconds_each if isinstance(run.step, graphs.GraphedStep) else None,
+        "deterministic": cfg.deterministic,
+        "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,
+        "train_loss": round(h[-1].train_loss, 6),  # the last epoch's
+        "test_accuracy": h[-1].test_accuracy,
+        "grad_scaler_skipped_steps": run.state.skipped_steps,
+        "grad_scaler_final_scale": scaler.get_scale() if scaler.is_enabled() else None,
+        "device": rt.device_name, "device_count": rt.replicas,
+        "torch_version": torch.__version__, "world_size": rt.world_size,
+        "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "warnings": rt.warnings,
+    }
+
+
+def write_record(run: Run, metrics: dict) -> None:
+    """The end of a run (main process): the per-epoch table, the metrics (headline and diagnostics)
+    and TensorBoard's hparams view, the writer closed."""
+    rt, cfg = run.rt, run.cfg
+    atomic.atomic_write_text(run.layout.train_plot(run.variant), history_csv(run.state.history),
+                             "the per-epoch table")
+    atomic.write_record(metrics, HEADLINE, run.layout.train_metrics(run.variant),
+                        run.layout.train_diagnostics(run.variant), "training")
+    hparams = {"parallel": rt.parallel, "precision": run.precision.name, "model": run.params.model.name,
+               "loader": run.params.data.loader, "world_size": rt.world_size, "device": rt.device_name,
+               **{k: v for k, v in config.to_dict(cfg).items() if k in HPARAM_KEYS},
+               "grad_clip": cfg.grad_clip or 0.0, "cuda_graphs": isinstance(run.step, graphs.GraphedStep)}
+    run.writer.add_hparams(hparams, {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS},
+                           run_name=".")  # "." keeps the hparams in the variant's own run folder
+    run.writer.flush()
+    run.writer.close()
