@@ -9,6 +9,7 @@ import csv
 import io
 import resource
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,14 @@ def peak_memory_mb(rt: parallel.Runtime) -> tuple[float, str]:
 
 
 TENSORBOARD = "the TensorBoard log"
+
+
+@dataclass
+class WarmUp:
+    """What compile and capture cost before the first epoch, reported apart from the epochs."""
+    compile_seconds_each: dict = field(default_factory=dict)  # "BATCHxPIXELS": seconds (train.compile)
+    compile_cache: dict | None = None  # train.compile: the cache lookups (engine.compile_cache_lookups)
+    capture_seconds: float | None = None  # train.cuda_graphs
 
 
 def open_tensorboard(run: Run, resumed_elsewhere: bool) -> GuardedWriter:
@@ -160,18 +169,18 @@ def metrics(run: Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
         "train_seconds": round(sum(r.seconds for r in h), 3),
         "wall_seconds": round(wall_seconds, 3),  # from the start of training (data, model) to the final model
         "process_seconds": clock.report(PHASES),  # this process's wall time by phase, start-up and checkpoints too
-        "checkpoints_written": run.checkpoints_written,
+        "checkpoints_written": run.ckpt.written,
         "first_epoch_seconds": round(h[0].seconds, 3),
         "epoch_seconds": round(steady_seconds, 3),
         "epoch_seconds_each": [round(r.seconds, 3) for r in h],
         "images_per_second": round(steady_ips, 1),
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
-        "compile_seconds": round(sum(run.compile_seconds_each.values()), 3) if run.compile_seconds_each else None,
-        "compile_seconds_each": {k: round(v, 3) for k, v in run.compile_seconds_each.items()} or None,
-        "compile_cache": run.compile_cache,  # graphs found in torch.compile's caches (hit), or compiled (miss)
+        "compile_seconds": round(sum(run.warm.compile_seconds_each.values()), 3) if run.warm.compile_seconds_each else None,
+        "compile_seconds_each": {k: round(v, 3) for k, v in run.warm.compile_seconds_each.items()} or None,
+        "compile_cache": run.warm.compile_cache,  # graphs found in torch.compile's caches (hit), or compiled (miss)
         "compile_workers": compile_workers() if cfg.compile else None,
         "cuda_graphs": isinstance(run.step, graphs.GraphedStep),
-        "capture_seconds": round(run.capture_seconds, 3) if run.capture_seconds is not None else None,
+        "capture_seconds": round(run.warm.capture_seconds, 3) if run.warm.capture_seconds is not None else None,
         "capture_seconds_each": run.step.seconds_each if isinstance(run.step, graphs.GraphedStep) else None,
         "deterministic": cfg.deterministic,
         "peak_memory_mb": round(peak, 1), "peak_memory_kind": peak_kind,

@@ -55,6 +55,17 @@ class EpochRecord:
 
 
 @dataclass
+class Checkpoints:
+    """A run's checkpoint: the params it is of, where it lives, and what this process did with it."""
+    resolved: dict  # the resolved config, saved with it and compared on resume
+    digest: str  # its hash, which names the checkpoint's folder
+    path: Path  # checkpoints/<variant>/<digest>/last.pt
+    saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
+    written: int = 0  # by this process
+    epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumed (TrainState.epoch_steps)
+
+
+@dataclass
 class TrainState:
     """Everything a checkpoint restores; the rest of a run is re-derived from params."""
     epoch: int = 0  # epochs completed
@@ -120,10 +131,11 @@ def checkpoint_to_resume(path: Path, digest: str, explicit: bool, resolved: dict
 
 
 def resume(run: Run, resume: Path | None) -> None:
-    resume_from = resume or run.ckpt_path
-    ckpt = checkpoint_to_resume(resume_from, run.digest, explicit=resume is not None, resolved=run.resolved)
+    mine = run.ckpt
+    resume_from = resume or mine.path
+    ckpt = checkpoint_to_resume(resume_from, mine.digest, explicit=resume is not None, resolved=mine.resolved)
     if ckpt is None:
-        others = sorted(p.parent for p in run.ckpt_path.parent.parent.glob("*/last.pt") if p != run.ckpt_path)
+        others = sorted(p.parent for p in mine.path.parent.parent.glob("*/last.pt") if p != mine.path)
         for other in others:  # nothing is thrown away unasked: say that it is there, and what it costs
             megabytes = sum(f.stat().st_size for f in other.rglob("*") if f.is_file()) / 2**20
             run.log(f"{run.variant}: {other} is an unfinished run of other params (or another data set), "
@@ -140,10 +152,10 @@ def resume(run: Run, resume: Path | None) -> None:
     if run.scheduler is not None:
         run.scheduler.load_state_dict(ckpt["scheduler"])
     run.state = state_from_dict(ckpt["state"])
-    run.saved_epoch = run.state.epoch
+    mine.saved_epoch = run.state.epoch
     set_rng_state(ckpt["rng"][run.rt.rank])
     if run.state.epoch_steps:
-        run.epoch_log = ckpt["epoch_logs"][run.rt.rank]
+        mine.epoch_log = ckpt["epoch_logs"][run.rt.rank]
     mid = f" and {run.state.epoch_steps} step(s) of epoch {run.state.epoch + 1}" if run.state.epoch_steps else ""
     run.log(f"{run.variant}: resuming from {resume_from} after epoch {run.state.epoch}{mid}")
 
@@ -162,11 +174,12 @@ def save(run: Run, partial: tuple[StepLog, float] | None = None) -> None:
             "model": t.raw.state_dict(), "optimizer": t.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "scaler": t.scaler.state_dict(), "state": state, "rng": [r["rng"] for r in ranks],
-            "epoch_logs": [r["epoch_log"] for r in ranks], "config": run.resolved, "config_hash": run.digest,
-        }, run.ckpt_path)
+            "epoch_logs": [r["epoch_log"] for r in ranks], "config": run.ckpt.resolved,
+            "config_hash": run.ckpt.digest,
+        }, run.ckpt.path)
         keep_tensorboard(run)
-    run.saved_epoch = run.state.epoch
-    run.checkpoints_written += 1
+    run.ckpt.saved_epoch = run.state.epoch
+    run.ckpt.written += 1
     parallel.barrier(rt)  # no rank runs ahead of a checkpoint it might have to resume from
 
 
@@ -174,15 +187,15 @@ def drop(run: Run) -> None:
     """Once the final outputs are written, the variant's checkpoint (an earlier epoch's, ~685 MB for AlexNet
     with AdamW's state) and its TensorBoard copy go: the next `train` would otherwise resume it instead of
     measuring the run again. A checkpoint named with --resume elsewhere is the user's and stays."""
-    checkpoint.remove(run.ckpt_path)
+    checkpoint.remove(run.ckpt.path)
     shutil.rmtree(kept_tensorboard(run), ignore_errors=True)
     with contextlib.suppress(OSError):  # not empty: something of the user's, or another run of the variant
-        run.ckpt_path.parent.rmdir()
-        run.ckpt_path.parent.parent.rmdir()
+        run.ckpt.path.parent.rmdir()
+        run.ckpt.path.parent.parent.rmdir()
 
 
 def kept_tensorboard(run: Run) -> Path:
-    return run.ckpt_path.parent / "tensorboard"
+    return run.ckpt.path.parent / "tensorboard"
 
 
 def keep_tensorboard(run: Run) -> None:

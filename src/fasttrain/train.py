@@ -88,32 +88,27 @@ def make_scheduler(cfg: config.TrainConfig, optimizer, steps_per_epoch: int):
 
 @dataclass
 class Run:
-    """One variant's training run: what the loop's named steps share."""
+    """One variant's training run, in three parts: what it is, what it trains with, and how far it is."""
+    # what it is
     params: config.Params
     precision: Precision
     rt: parallel.Runtime
     layout: Layout
     log: Callable[[str], None]
+    # what it trains with
     dataset: Dataset
     t: Trainable
     train_loader: Loader
     test_loader: Loader
     scheduler: object | None
-    resolved: dict
-    digest: str
-    ckpt_path: Path
     step: Callable  # (x, y) -> (loss, grad norm) as device tensors: train_step, or its CUDA graphs
     stop: preemption.StopRequest
-    phase: str = "the warm-up at the real shapes, before the first epoch"  # where an out-of-memory happened
+    # how far it is
+    ckpt: saved.Checkpoints
     state: saved.TrainState = field(default_factory=saved.TrainState)
-    epoch_log: dict | None = None  # this rank's StepLog of the unfinished epoch it resumes (state.epoch_steps)
+    phase: str = "the warm-up at the real shapes, before the first epoch"  # where an out-of-memory happened
+    warm: report.WarmUp = field(default_factory=report.WarmUp)
     writer: object | None = None  # TensorBoard's SummaryWriter, main process only
-    saved_epoch: int = 0  # the epoch the newest checkpoint of this run holds (0: none yet)
-    checkpoints_written: int = 0  # by this process
-    # compile and capture, reported apart from the epochs
-    compile_seconds_each: dict = field(default_factory=dict)  # "BATCHxPIXELS": seconds (train.compile)
-    capture_seconds: float | None = None  # train.cuda_graphs
-    compile_cache: dict | None = None  # train.compile: the warm-up's cache lookups (engine.compile_cache_lookups)
 
     @property
     def cfg(self) -> config.TrainConfig:
@@ -164,7 +159,7 @@ def _preempted(run: Run, epoch: int, steps: int) -> Preempted:
     at = f"epoch {epoch + 1}, step {steps}" if steps else f"the end of epoch {epoch + 1}"
     again = ("queue the experiment again with the same params" if os.environ.get("DVC_EXP_NAME")
              else "run the same command again")  # DVC names a queued or --temp experiment's run
-    return Preempted(f"{run.variant} stopped by {run.stop.name} at {at}; checkpoint {run.ckpt_path}: "
+    return Preempted(f"{run.variant} stopped by {run.stop.name} at {at}; checkpoint {run.ckpt.path}: "
                      f"{again} to resume (exit {preemption.EXIT_PREEMPTED})")
 
 
@@ -194,9 +189,10 @@ def _prepare(params, precision, rt, layout, log, resume, stop) -> Run:
                                    batch_size=max(1, params.evaluate.batch_size // rt.world_size), **args)
     step = (graphs.GraphedStep(t, precision, rt) if plan.cuda_graphs
             else lambda x, y: train_step(t, precision, x, y))
+    ckpt = saved.Checkpoints(resolved, digest,
+                             layout.checkpoint_dir(f"{rt.parallel}-{precision.name}", digest) / "last.pt")
     run = Run(params, precision, rt, layout, log, dataset, t, train_loader, test_loader,
-               make_scheduler(cfg, t.optimizer, len(train_loader)), resolved, digest,
-               layout.checkpoint_dir(f"{rt.parallel}-{precision.name}", digest) / "last.pt", step, stop)
+              make_scheduler(cfg, t.optimizer, len(train_loader)), step, stop, ckpt)
     saved.resume(run, resume)
     if rt.is_main:
         run.writer = report.open_tensorboard(run, resumed_elsewhere=resume is not None)
@@ -219,11 +215,11 @@ def _warm_up(run: Run) -> None:
     if cfg.compile:  # one compile per training resolution, at the full batch (Trainable.net_for)
         n, before = run.per_rank_batch, compile_cache_lookups()
         each = {size: warm_up(t, run.precision, [n], size, *shape_args) for size in train_sizes(cfg)}
-        run.compile_seconds_each = {f"{n}x{size}": s for size, s in each.items()}
-        run.compile_cache = compile_cache_lookups(since=before)
+        run.warm.compile_seconds_each = {f"{n}x{size}": s for size, s in each.items()}
+        run.warm.compile_cache = compile_cache_lookups(since=before)
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        aot = run.compile_cache["aot_autograd"]
+        aot = run.warm.compile_cache["aot_autograd"]
         shapes = ", ".join(f"batch {n} at {size} px {s:.1f} s" for size, s in each.items())
         cached = (f"{aot['hit']} of {sum(aot.values())} graph(s) from the compile cache {cache_dir()}"
                   if sum(aot.values()) else "compiled before in this process")
@@ -231,9 +227,9 @@ def _warm_up(run: Run) -> None:
     if isinstance(run.step, graphs.GraphedStep):
         shapes = [(n, size) for size in train_sizes(cfg) for n in (run.per_rank_batch, last)]
         num_classes, channels_last, _, dtype = shape_args
-        run.capture_seconds = run.step.capture(shapes, num_classes, channels_last, dtype)
+        run.warm.capture_seconds = run.step.capture(shapes, num_classes, channels_last, dtype)
         run.log(f"{run.variant}: captured {len(run.step.graphs)} CUDA graph(s) of the training step "
-                f"in {run.capture_seconds:.1f} s")
+                f"in {run.warm.capture_seconds:.1f} s")
     elif run.rt.device.type == "cuda":  # (compiled: the short last batch, which runs eagerly)
         for size in train_sizes(cfg):
             warm_up(t, run.precision, [last] if cfg.compile else [run.per_rank_batch, last], size, *shape_args)
@@ -299,8 +295,8 @@ def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, flo
     steps = StepLog(len(loader), rt.device, run.t.scaler)
     first, seconds_before = run.state.epoch_steps, run.state.epoch_seconds  # resumed mid-epoch, else 0
     if first:
-        steps.load_state_dict(run.epoch_log)
-        run.state.epoch_steps, run.state.epoch_seconds, run.epoch_log = 0, 0.0, None
+        steps.load_state_dict(run.ckpt.epoch_log)
+        run.state.epoch_steps, run.state.epoch_seconds, run.ckpt.epoch_log = 0, 0.0, None
     progress.start_epoch(epoch)
     synchronize(rt.device)
     start = time.perf_counter()
@@ -358,7 +354,7 @@ def _raise_non_finite(run: Run, epoch: int, summary: dict, bad: int) -> None:
     earliest = torch.tensor(-mine if mine is not None else torch.iinfo(torch.int64).min,
                             dtype=torch.int64, device=run.rt.device)
     step_no = 1 - int(parallel.all_reduce(earliest, run.rt, op="max"))
-    kept = (f"the last good checkpoint is {run.ckpt_path} (epoch {run.saved_epoch})" if run.saved_epoch
+    kept = (f"the last good checkpoint is {run.ckpt.path} (epoch {run.ckpt.saved_epoch})" if run.ckpt.saved_epoch
             else "no checkpoint of this run was written yet")
     raise FasttrainError(f"{run.variant}: non-finite loss at epoch {epoch + 1}, step {step_no} "
                          f"({bad} step(s)); {kept}")
@@ -371,7 +367,7 @@ def _finish(run: Run, wall_start: float) -> dict:
     peak = float(parallel.all_reduce(torch.tensor([peak], device=rt.device), rt, op="max")[0])
     if rt.is_main:
         with clock.phase("final_model"):
-            checkpoint.save({"model": run.t.raw.state_dict(), "config": run.resolved,
+            checkpoint.save({"model": run.t.raw.state_dict(), "config": run.ckpt.resolved,
                              "classes": run.dataset.classes, "variant": run.variant},
                             run.layout.model(run.variant), "the final model")
     metrics = report.metrics(run, peak, peak_kind, time.perf_counter() - wall_start)
