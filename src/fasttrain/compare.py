@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
 import click
 
-from fasttrain import atomic
+from fasttrain import atomic, stats
 from fasttrain.errors import FasttrainError
 from fasttrain.layout import BASELINE, VARIANTS, Layout
 
@@ -15,11 +17,12 @@ COLUMNS = (  # key, header, format; headers in {} are filled by the device kind 
     ("variant", "variant", "{}"),
     ("epoch_seconds", "s/epoch", "{:.2f}"),
     ("first_epoch_seconds", "first epoch s", "{:.2f}"),
-    ("images_per_second", "images/s{on}", "{:,.0f}"),
+    ("images_per_second", "images/s{on}", None),
     ("peak_memory_mb", "{memory} MB", "{:,.0f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
-    ("speedup", "speed-up{on}", "{:.2f}x"),
-    ("accuracy_change", "acc change (pp)", "{:+.2f}"),
+    ("speedup", "speed-up{on}", None),
+    ("accuracy_change", "acc change (pp)", None),
+    ("verdict", "verdict", None),
 )
 # what train's peak_memory_mb measured (its peak_memory_kind), as the table's header names it
 MEMORY = {"cuda_max_allocated": "peak GPU memory (allocated)", "cpu_max_rss": "peak process memory (RSS)"}
@@ -34,40 +37,110 @@ def _read(path: Path) -> dict:
         raise FasttrainError(f"{path} is not valid JSON: {e}") from None
 
 
+def _optional(path: Path) -> dict:
+    return _read(path) if path.is_file() else {}
+
+
+def _with_interval(row: dict, key: str, iv: stats.Interval | None, digits: int) -> stats.Interval | None:
+    """The row's figure as it is, and the interval's ends at the interval's relative width around it
+    (an accuracy change's interval is around the same figure already)."""
+    if iv is None:
+        return None
+    iv = iv.around(row[key]) if row[key] and iv.value else iv
+    row[f"{key}_low"], row[f"{key}_high"] = round(iv.low, digits), round(iv.high, digits)
+    return iv
+
+
 def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
     """Every variant's figures against single-fp32's, by variant: a mapping, so that DVC reads each
-    figure as a metric (`dvc metrics diff` shows a speed-up that moved). Warnings are listed once
-    each, with the variants they apply to."""
-    rows, warned, diagnostics = {}, {}, {}
+    figure as a metric (`dvc metrics diff` shows a speed-up that moved). Speed, speed-up and accuracy
+    change come with their 95% intervals and the verdicts read from them (fasttrain.stats). Warnings
+    are listed once each, with the variants they apply to."""
+    if BASELINE not in variants:
+        raise FasttrainError(f"the baseline {BASELINE} is not among the compared variants: {', '.join(variants)}")
+    rows, warned, diagnostics, samples, correct = {}, {}, {}, {}, {}
     for variant in variants:
         tr, ev = _read(layout.train_metrics(variant)), _read(layout.eval_metrics(variant))
         more = diagnostics[variant] = _read(layout.train_diagnostics(variant))
+        samples[variant] = (more.get("speed_samples") or {}).get("images_per_second", [])
+        correct[variant] = _optional(layout.eval_diagnostics(variant)).get("correct")
         rows[variant] = {"epoch_seconds": tr["epoch_seconds"], "first_epoch_seconds": more["first_epoch_seconds"],
                          "images_per_second": tr["images_per_second"], "peak_memory_mb": tr["peak_memory_mb"],
-                         "test_accuracy": ev["test_accuracy"], "world_size": more["world_size"],
-                         "device_count": more["device_count"]}
+                         "test_accuracy": ev["test_accuracy"], "test_images": ev.get("test_images"),
+                         "world_size": more["world_size"], "device_count": more["device_count"]}
         for warning in more.get("warnings", []):
             warned.setdefault(warning, []).append(variant)
-    base = rows.get(BASELINE)
-    if base is None:
-        raise FasttrainError(f"the baseline {BASELINE} is not among the compared variants: {', '.join(variants)}")
-    for r in rows.values():
+    base = rows[BASELINE]
+    for variant, r in rows.items():
+        _with_interval(r, "images_per_second", stats.mean_interval(samples[variant]), 1)
         r["speedup"] = round(r["images_per_second"] / base["images_per_second"], 3)
+        speedup = _with_interval(r, "speedup", stats.ratio_interval(samples[variant], samples[BASELINE]), 3)
+        r["speed"] = stats.speed_verdict(speedup) if variant != BASELINE else "baseline"
+        if correct[variant] and correct[BASELINE]:
+            if len(correct[variant]) != len(correct[BASELINE]):
+                raise FasttrainError(f"{variant} and {BASELINE} were evaluated on different test sets "
+                                     f"({len(correct[variant])} and {len(correct[BASELINE])} images): "
+                                     f"evaluate both on the same data (dvc repro)")
+            change, r["accuracy_interval"] = stats.paired_change(correct[BASELINE], correct[variant]), "paired"
+        elif r["test_images"]:
+            change = stats.unpaired_change(base["test_accuracy"], r["test_accuracy"], r["test_images"])
+            r["accuracy_interval"] = "unpaired"
+        else:
+            change = None
         r["accuracy_change"] = round(100 * (r["test_accuracy"] - base["test_accuracy"]), 2)
+        if change is not None:
+            r["accuracy_change_low"], r["accuracy_change_high"] = round(change.low, 2), round(change.high, 2)
+        r["accuracy"] = stats.accuracy_verdict(change) if variant != BASELINE else "baseline"
+        r["speed_samples"] = len(samples[variant])
     first, kinds = diagnostics[variants[0]], {d.get("peak_memory_kind") for d in diagnostics.values()}
+    sample_kinds = {(d.get("speed_samples") or {}).get("kind") for d in diagnostics.values()} - {None}
     return {"baseline": BASELINE, "device": first["device"], "torch_version": first["torch_version"],
             "peak_memory_kind": kinds.pop() if len(kinds) == 1 else "mixed",
+            "speed_samples": sample_kinds.pop() if len(sample_kinds) == 1 else "mixed" if sample_kinds else None,
             "variants": rows, "warnings": [{"warning": w, "variants": vs} for w, vs in warned.items()]}
 
 
-PLOT_COLUMNS = ("variant", "images_per_second", "peak_memory_mb", "epoch_seconds", "test_accuracy")
+def verdict(r: dict) -> str:
+    """The row's verdict in words, from its intervals: "faster, accuracy the same"."""
+    if r["speed"] == "baseline":
+        return "baseline"
+    speed = r["speed"] or f"speed not decided ({r['speed_samples']} sample(s))"
+    return f"{speed}, accuracy {r['accuracy'] or 'not decided (no test images recorded)'}"
+
+
+def _cell(key: str, r: dict) -> str:
+    low, high = r.get(f"{key}_low"), r.get(f"{key}_high")
+    if key == "images_per_second":
+        return f"{r[key]:,.0f}" + (f" ± {(high - low) / 2:,.0f}" if low is not None else "")
+    if key == "speedup":
+        return f"{r[key]:.2f}x" + (f" ({low:.2f}–{high:.2f})" if low is not None else "")
+    if key == "accuracy_change":
+        return f"{r[key]:+.2f}" + (f" ({low:+.2f} to {high:+.2f})" if low is not None else "")
+    return verdict(r)
+
+
+INTERVALS = ("Intervals are 95%. Images/s: Student's t over the run's steady samples (its epochs after the first, "
+             "or windows of steps when it has fewer than four epochs), as a share of the figure; speed-up: Welch's "
+             "on the log of the ratio; accuracy change: paired over the test images both models classified. A "
+             "verdict says faster, slower, lower or higher only when the whole interval does; otherwise no "
+             "different, or the same.")
+
+
+PLOT_COLUMNS = ("variant", "images_per_second", "images_per_second_low", "images_per_second_high", "peak_memory_mb",
+                "epoch_seconds", "test_accuracy", "speedup", "speedup_low", "speedup_high", "accuracy_change",
+                "accuracy_change_low", "accuracy_change_high", "verdict")
 
 
 def to_plot_csv(table: dict) -> str:
-    """One row per variant, for the bar charts of `dvc plots show`."""
-    lines = [",".join(PLOT_COLUMNS)]
-    lines += [",".join(str({"variant": v, **r}[k]) for k in PLOT_COLUMNS) for v, r in table["variants"].items()]
-    return "\n".join(lines) + "\n"
+    """One row per variant, for the bar charts of `dvc plots show` (an interval's ends empty where
+    there is none: the bar is drawn without its error bar)."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(PLOT_COLUMNS)
+    for v, r in table["variants"].items():
+        cells = {**r, "variant": v, "verdict": verdict(r)}
+        w.writerow(["" if cells.get(k) is None else cells[k] for k in PLOT_COLUMNS])
+    return out.getvalue()
 
 
 def _headers(table: dict) -> list[str]:
@@ -82,12 +155,12 @@ def to_markdown(table: dict) -> str:
     lines = [head, rule]
     for variant, r in table["variants"].items():
         r = {"variant": variant, **r}
-        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt.format(r[k]) if fmt else _cell(k, r) for k, _, fmt in COLUMNS) + " |")
     every = len(table["variants"])
     notes = [f"- {w['warning']}: " + ("every variant" if len(w["variants"]) == every and every > 1
                                       else ", ".join(w["variants"])) for w in table["warnings"]]
     footer = [f"Device: {table['device']}; torch {table['torch_version']}; "
-              f"speed-up and accuracy change against {table['baseline']}."]
+              f"speed-up and accuracy change against {table['baseline']}.", "", INTERVALS]
     return "\n".join(lines + [""] + footer + ([""] + notes if notes else [])) + "\n"
 
 

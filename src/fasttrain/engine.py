@@ -199,6 +199,42 @@ class StepLog:
                 "grad_norm_max": float(finite_norms.max()) if finite_norms is not None and finite_norms.numel() else None}
 
 
+class StepWindows:
+    """An epoch's steps timed in windows of equal step counts (WINDOWS per epoch; a last, shorter one
+    is left out), for the interval of a run's speed when it has too few epochs for one. On a GPU the
+    marks are CUDA events, the device's own clock, so timing them costs no host sync."""
+
+    WINDOWS = 8
+
+    def __init__(self, steps: int, device: torch.device):
+        self.every = max(1, -(-steps // self.WINDOWS))  # steps per window, rounded up
+        self.cuda = device.type == "cuda"
+        self.marks: list = [self._mark()]
+        self.images: list[int] = []  # per window, over all processes
+        self._since = 0
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def record(self, images: int, done: int) -> None:
+        """After this process's `done`-th step of the epoch, which took `images` images (all processes)."""
+        self._since += images
+        if done % self.every == 0:
+            self.marks.append(self._mark())
+            self.images.append(self._since)
+            self._since = 0
+
+    def images_per_second(self) -> list[float]:
+        """Each whole window's rate; after the epoch's last step has finished (synchronize)."""
+        pairs = zip(self.marks, self.marks[1:])
+        seconds = [a.elapsed_time(b) * 1e-3 if self.cuda else b - a for a, b in pairs]
+        return [n / s for n, s in zip(self.images, seconds) if s > 0]
+
+
 def set_deterministic(on: bool) -> None:
     """train.deterministic: the same params give bit-identical weights on one device, run after run.
 

@@ -23,6 +23,7 @@ from fasttrain.variant import run_variant, variant_options
 class EvalResult:
     loss_sum: float
     confusion: torch.Tensor  # [classes, classes] counts, rows = true label, columns = prediction
+    correct: torch.Tensor | None = None  # per_image: [N] 1 where the image was classified right, data set order
 
     @property
     def images(self) -> int:
@@ -43,25 +44,37 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: parallel.Runtime,
-                   num_classes: int, flip_tta: bool = False) -> EvalResult:
+                   num_classes: int, flip_tta: bool = False, per_image: bool = False) -> EvalResult:
     """Counts summed over ranks; the eval loader gives each image to exactly one rank, unpadded,
     so the totals cover every test image exactly once at any world size. With `flip_tta` the
-    logits are the mean of the image's and its mirror image's."""
+    logits are the mean of the image's and its mirror image's. With `per_image`, which images were
+    classified right too: rank r had images r, r + world_size, ... in order (make_eval_loader)."""
     was_training = net.training
     net.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=rt.device)
+    right = []
     for x, y in loader:
         with precision.autocast(rt.device.type):
             logits = net(x)
             if flip_tta:
                 logits = (logits + net(x.flip(-1))) / 2
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
-        confusion += torch.bincount(y * num_classes + logits.argmax(dim=1), minlength=num_classes**2)
+        predicted = logits.argmax(dim=1)
+        confusion += torch.bincount(y * num_classes + predicted, minlength=num_classes**2)
+        if per_image:
+            right.append(predicted == y)
     parallel.all_reduce(loss_sum, rt)
     parallel.all_reduce(confusion, rt)
+    correct = None
+    if per_image:
+        correct = torch.zeros(int(confusion.sum()), dtype=torch.int32, device=rt.device)
+        if right:
+            correct[rt.rank::rt.world_size] = torch.cat(right).int()
+        parallel.all_reduce(correct, rt)
+        correct = correct.cpu()
     net.train(was_training)
-    return EvalResult(float(loss_sum), confusion.view(num_classes, num_classes).cpu())
+    return EvalResult(float(loss_sum), confusion.view(num_classes, num_classes).cpu(), correct)
 
 
 # the record's headline figures: metrics/eval/<variant>.json; the rest is diagnostics/eval/<variant>.json
@@ -89,7 +102,8 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
                               **loader_args(params, precision, rt.device, rt.rank, rt.world_size,
                                             img_size=img_size, channels_last=channels_last))
     with clock.phase("eval"):
-        result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta)
+        result = evaluate_model(net, loader, precision, rt, len(dataset.classes), params.evaluate.flip_tta,
+                                per_image=True)
     if result.images != len(dataset.test_labels):
         raise FasttrainError(f"evaluated {result.images} images, expected {len(dataset.test_labels)}")
     metrics = {
@@ -97,6 +111,8 @@ def evaluate(params: config.Params, precision: Precision, rt: parallel.Runtime, 
         "test_images": result.images, "flip_tta": params.evaluate.flip_tta,
         "per_class_accuracy": {c: round(a, 6) for c, a in zip(dataset.classes, result.per_class_accuracy(), strict=True)},
         "confusion_matrix": result.confusion.tolist(), "classes": dataset.classes,
+        # per test image, in the data set's order: 1 = classified right; compare pairs two variants' by image
+        "correct": "".join(map(str, result.correct.tolist())),
         "device": rt.device_name, "world_size": rt.world_size, "torch_version": torch.__version__,
         "process_seconds": clock.report(),  # this process's wall time by phase: start-up, data, evaluation
     }

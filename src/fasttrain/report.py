@@ -156,6 +156,19 @@ def compile_workers() -> int:
     return inductor_config.compile_threads
 
 
+def speed_samples(history: list[EpochRecord], img_size: int) -> dict:
+    """What the interval of a run's speed is computed from (stats.mean_interval): its steady epochs'
+    images/s (after the first, at img_size) when it has at least three, else those epochs' windows of
+    steps, else, in a run of one epoch, that epoch's windows less its first (the warm-up's)."""
+    steady = [r for r in history[1:] if r.img_size in (None, img_size)]
+    if len(steady) >= 3:
+        return {"kind": "epochs", "images_per_second": [round(r.images_per_second, 1) for r in steady]}
+    windows = [w for r in steady for w in r.window_images_per_second or []]
+    if not steady and history:
+        windows = (history[0].window_images_per_second or [])[1:]
+    return {"kind": "windows", "images_per_second": windows}
+
+
 def metrics(run: Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
     h, cfg, rt, scaler = run.state.history, run.cfg, run.rt, run.t.scaler
     # the first epoch carries warm-up (cudnn autotune, caches); under progressive resizing the steady
@@ -174,6 +187,7 @@ def metrics(run: Run, peak: float, peak_kind: str, wall_seconds: float) -> dict:
         "epoch_seconds": round(steady_seconds, 3),
         "epoch_seconds_each": [round(r.seconds, 3) for r in h],
         "images_per_second": round(steady_ips, 1),
+        "speed_samples": speed_samples(h, cfg.img_size),  # for the interval of images_per_second (compare)
         "eval_seconds": round(sum(r.eval_seconds or 0.0 for r in h), 3),  # per-epoch test accuracy, all epochs
         "compile_seconds": round(sum(run.warm.compile_seconds_each.values()), 3) if run.warm.compile_seconds_each else None,
         "compile_seconds_each": {k: round(v, 3) for k, v in run.warm.compile_seconds_each.items()} or None,

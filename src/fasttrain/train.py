@@ -26,7 +26,7 @@ from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
 from fasttrain.layout import Layout
-from fasttrain.engine import (StepLog, Trainable, build_trainable, compile_cache_lookups,
+from fasttrain.engine import (StepLog, StepWindows, Trainable, build_trainable, compile_cache_lookups,
                               nondeterministic_ops_recorded,
                               set_deterministic, synchronize, train_step, warm_up)
 from fasttrain.loaders import GpuLoader, Loader, input_dtype, loader_args, make_eval_loader, make_train_loader
@@ -139,10 +139,10 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
                 _warm_up(run)
             for epoch in range(run.state.epoch, run.cfg.epochs):
                 with clock.phase("train"):
-                    steps, seconds = _train_epoch(run, epoch, progress)
+                    steps, seconds, windows = _train_epoch(run, epoch, progress)
                 whole = steps.steps == len(run.train_loader)  # else stopped mid-epoch by a signal
                 if whole:
-                    report.log_epoch(run, _end_epoch(run, epoch, steps, seconds))
+                    report.log_epoch(run, _end_epoch(run, epoch, steps, seconds, windows))
                 # none after the last epoch: the final model is written next, and a finished run is never resumed
                 due = stop.stopping or run.state.epoch % run.params.run.checkpoint_every == 0
                 if due and run.state.epoch < run.cfg.epochs:
@@ -284,8 +284,9 @@ def _first_schedule_step(run: Run) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, float]:
-    """One epoch's steps, timed; the per-step values stay on the device (one host sync per epoch)."""
+def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, float, list[float]]:
+    """One epoch's steps, timed, and its windows' images/s; the per-step values stay on the device
+    (one host sync per epoch)."""
     loader, optimizer, scheduler, rt = run.train_loader, run.t.optimizer, run.scheduler, run.rt
     loader.set_epoch(epoch)
     run.phase = f"epoch {epoch + 1}"
@@ -300,6 +301,7 @@ def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, flo
     progress.start_epoch(epoch)
     synchronize(rt.device)
     start = time.perf_counter()
+    windows = StepWindows(len(loader) - first, rt.device)
     for step, (x, y) in enumerate(loader.iter_from(first), start=first):
         loss, grad_norm = run.step(x, y)
         # copied on the device at once: a .item() per step would stall the GPU queue, and a graph's
@@ -311,15 +313,16 @@ def _train_epoch(run: Run, epoch: int, progress: Progress) -> tuple[StepLog, flo
             else:
                 scheduler.step()
         progress.step(y.shape[0] * rt.world_size, loss)  # read at once, and only when a refresh is due
+        windows.record(y.shape[0] * rt.world_size, step + 1 - first)
         if run.stop.agreed(step + 1, last=step + 1 == len(loader)):  # a host flag; see preemption.py
             break
     synchronize(rt.device)
     seconds = seconds_before + time.perf_counter() - start
     progress.end_epoch()
-    return steps, seconds
+    return steps, seconds, windows.images_per_second()
 
 
-def _end_epoch(run: Run, epoch: int, steps: StepLog, seconds: float) -> saved.EpochRecord:
+def _end_epoch(run: Run, epoch: int, steps: StepLog, seconds: float, windows: list[float]) -> saved.EpochRecord:
     """Sums over ranks, the non-finite check, the per-step scalars, evaluation and the plateau
     schedule: everything an epoch ends with, after its timed steps."""
     rt, state = run.rt, run.state
@@ -342,7 +345,8 @@ def _end_epoch(run: Run, epoch: int, steps: StepLog, seconds: float) -> saved.Ep
     if isinstance(run.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         run.scheduler.step(epoch_loss)
     record = saved.EpochRecord(epoch + 1, seconds, epoch_loss, accuracy, float(run.t.optimizer.param_groups[0]["lr"]),
-                         seen, train_size(run.cfg, epoch), summary["grad_norm_max"], evaluation.seconds)
+                         seen, train_size(run.cfg, epoch), summary["grad_norm_max"], evaluation.seconds,
+                         [round(r, 1) for r in windows])
     state.history.append(record)
     state.epoch = epoch + 1
     return record

@@ -87,7 +87,7 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
     # The plots page of this run, in a real browser with the network unplugged (docs/img/plots-offline.png
     # is this page of make demo)
     run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], demo)
-    assert_draws_offline(tmp_path / "show" / "index.html", tmp_path, 4 + 2 + 2 * len(VARIANTS))
+    assert_draws_offline(tmp_path / "show" / "index.html", tmp_path, 4 + 4 + 2 * len(VARIANTS))
 
     second = run(["dvc", "repro"], demo)
     assert stages_run(second.stdout) == [], second.stdout

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 CURVES = {"train_loss_by_epoch": ("epoch", "train_loss"), "test_accuracy_by_epoch": ("epoch", "test_accuracy"),
           "train_loss_by_seconds": ("elapsed_seconds", "train_loss"),
           "test_accuracy_by_seconds": ("elapsed_seconds", "test_accuracy")}
-BARS = {"images_per_second", "peak_memory_mb"}
+BARS = {"images_per_second", "peak_memory_mb", "speedup", "accuracy_change"}
+INTERVAL_BARS = {"images_per_second", "speedup", "accuracy_change"}  # .dvc/plots/bars_interval.json: error bars
 CLASSES = [f"class{i}" for i in range(10)]
 
 
@@ -45,9 +46,13 @@ def fabricate_run(repo, seed: int) -> None:
         atomic.atomic_write_json(layout.train_diagnostics(variant), {
             "variant": variant, "first_epoch_seconds": 2000 / speed,
             "world_size": 2 if variant.startswith("ddp") else 1, "device_count": 1, "warnings": [],
-            "device": "CPU", "torch_version": torch.__version__})
+            "device": "CPU", "torch_version": torch.__version__,
+            "speed_samples": {"kind": "windows", "images_per_second": [speed * rnd.uniform(0.95, 1.05) for _ in range(7)]}})
+        accuracy = float(confusion.diag().sum() / confusion.sum())
         atomic.atomic_write_json(layout.eval_metrics(variant), {
-            "variant": variant, "test_accuracy": float(confusion.diag().sum() / confusion.sum())})
+            "variant": variant, "test_accuracy": accuracy, "test_images": 1000})
+        right = round(1000 * accuracy)  # every variant saw the same 1,000 test images
+        atomic.atomic_write_json(layout.eval_diagnostics(variant), {"correct": "1" * right + "0" * (1000 - right)})
     run(["fasttrain", "compare"], repo)
 
 
@@ -65,7 +70,7 @@ def variants_in(spec: dict, key: str) -> set[str]:
 def test_plots_page_shows_every_variant_in_every_chart(tiny_repo, tmp_path):
     fabricate_run(tiny_repo, seed=0)
     assert (tiny_repo / "plots" / "compare.csv").read_text().splitlines()[0].startswith(
-        "variant,images_per_second,peak_memory_mb")
+        "variant,images_per_second,images_per_second_low,images_per_second_high,peak_memory_mb")
     run(["dvc", "plots", "show", "-o", str(tmp_path / "show")], tiny_repo)
     page = (tmp_path / "show" / "index.html").read_text()
     specs = specs_in_page(page)
@@ -76,8 +81,18 @@ def test_plots_page_shows_every_variant_in_every_chart(tiny_repo, tmp_path):
         assert (spec["encoding"]["x"]["field"], spec["encoding"]["y"]["field"]) == (x, y)
         assert variants_in(spec, "filename") == set(VARIANTS), plot_id
     for plot_id in BARS:
-        assert specs[plot_id]["encoding"]["x"]["field"] == plot_id
-        assert variants_in(specs[plot_id], "variant") == set(VARIANTS), plot_id
+        spec = specs[plot_id]
+        bar, *error = spec["layer"] if "layer" in spec else [spec]
+        assert bar["encoding"]["x"]["field"] == plot_id
+        assert variants_in(spec, "variant") == set(VARIANTS), plot_id
+        if plot_id in INTERVAL_BARS:  # an error bar from the interval's two ends, which hold the figure
+            (rule,) = error
+            assert (rule["encoding"]["x"]["field"], rule["encoding"]["x2"]["field"]) == (f"{plot_id}_low",
+                                                                                       f"{plot_id}_high")
+            for row in spec["data"]["values"]:
+                if row["variant"] != "single-fp32" or plot_id == "images_per_second":
+                    low, x, high = (float(row[k]) for k in (f"{plot_id}_low", plot_id, f"{plot_id}_high"))
+                    assert low < x < high, (plot_id, row)
     for variant in VARIANTS:
         spec = specs[f"plots_train_{variant}_csv"]
         assert spec["title"]["text"] == f"Images/s by epoch, {variant}"

@@ -1,6 +1,7 @@
 """The comparison table against a hand-made case whose answers are worked out below, not computed."""
 
 import json
+import math
 
 import pytest
 
@@ -12,17 +13,21 @@ from fasttrain.layout import VARIANTS, Layout
 # a row that read another variant's files would show.
 MEASURED = {
     "single-fp32": (1000.0, 0.50), "single-autocast": (1250.0, 0.51), "single-amp": (1500.0, 0.4875),
-    "single-bf16": (2000.0, 0.50), "dp-fp32": (800.0, 0.52), "dp-autocast": (900.0, 0.45),
+    "single-bf16": (1010.0, 0.50), "dp-fp32": (800.0, 0.52), "dp-autocast": (900.0, 0.45),
     "dp-amp": (2500.0, 0.4975), "dp-bf16": (3000.0, 0.5525), "ddp-fp32": (1750.0, 0.49),
     "ddp-autocast": (400.0, 0.10), "ddp-amp": (3500.0, 0.5), "ddp-bf16": (4125.0, 0.505),
 }
 # variant: (speed-up over single-fp32, accuracy change in percentage points), by hand
 EXPECTED = {
     "single-fp32": (1.0, 0.0), "single-autocast": (1.25, 1.0), "single-amp": (1.5, -1.25),
-    "single-bf16": (2.0, 0.0), "dp-fp32": (0.8, 2.0), "dp-autocast": (0.9, -5.0),
+    "single-bf16": (1.01, 0.0), "dp-fp32": (0.8, 2.0), "dp-autocast": (0.9, -5.0),
     "dp-amp": (2.5, -0.25), "dp-bf16": (3.0, 5.25), "ddp-fp32": (1.75, -1.0),
     "ddp-autocast": (0.4, -40.0), "ddp-amp": (3.5, 0.0), "ddp-bf16": (4.125, 0.5),
 }
+
+
+IMAGES = 400  # test images: every accuracy above is a whole number of them
+SPREAD = (0.99, 1.01, 0.995, 1.005)  # each run's four steady epochs around its images/s, whose mean it is
 
 
 @pytest.fixture
@@ -31,9 +36,13 @@ def layout(tmp_path) -> Layout:
     for variant, (ips, acc) in MEASURED.items():
         train = {"epoch_seconds": 12.5, "images_per_second": ips, "peak_memory_mb": 512.0}
         more = {"first_epoch_seconds": 20.0, "world_size": 1, "device_count": 1, "warnings": [],
-                "device": "Hand-made GPU", "torch_version": "9.9"}
+                "device": "Hand-made GPU", "torch_version": "9.9",
+                "speed_samples": {"kind": "epochs", "images_per_second": [ips * f for f in SPREAD]}}
+        right = round(acc * IMAGES)  # the first `right` images classified right: the same ones as single-fp32's 200
+        correct = "1" * right + "0" * (IMAGES - right)
         for path, obj in ((layout.train_metrics(variant), train), (layout.train_diagnostics(variant), more),
-                          (layout.eval_metrics(variant), {"test_accuracy": acc})):
+                          (layout.eval_metrics(variant), {"test_accuracy": acc, "test_images": IMAGES}),
+                          (layout.eval_diagnostics(variant), {"correct": correct})):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(obj))
     return layout
@@ -56,12 +65,54 @@ def test_the_baseline_is_single_fp32_wherever_it_stands_in_the_order(layout):
         compare(layout, ("dp-amp", "ddp-bf16"))
 
 
+def test_the_intervals_and_verdicts_by_hand(layout):
+    """Four epochs at 0.99, 1.01, 0.995 and 1.005 of the mean: a relative sd of 0.00913, so a speed-up's
+    log has se sqrt(2) * 0.00913 / 2 = 0.00645 on 6 degrees of freedom (t 2.447): +-1.58%. An accuracy
+    change of k of 400 images, all one way, has a paired half-width of 1.96 * sqrt(k/400 * (1 - k/400) * 400/399 / 400)."""
+    rows = compare(layout)["variants"]
+    amp = rows["dp-amp"]  # 2.5x; 1 image of 400 lost: -0.25 points +- 0.49
+    assert amp["speedup_low"] == pytest.approx(2.5 * math.exp(-2.447 * 0.006455), abs=0.001)
+    assert amp["speedup_high"] == pytest.approx(2.5 * math.exp(2.447 * 0.006455), abs=0.001)
+    half = 1.96 * math.sqrt(1 / 400 * (1 - 1 / 400) * 400 / 399 / 400)
+    assert (amp["accuracy_change_low"], amp["accuracy_change_high"]) == pytest.approx(
+        (-0.25 - 100 * half, -0.25 + 100 * half), abs=0.006)
+    assert (amp["speed"], amp["accuracy"], amp["accuracy_interval"]) == ("faster", "the same", "paired")
+    assert (rows["ddp-autocast"]["speed"], rows["ddp-autocast"]["accuracy"]) == ("slower", "lower")
+    assert (rows["dp-bf16"]["speed"], rows["dp-bf16"]["accuracy"]) == ("faster", "higher")  # +21 images
+    assert (rows["single-fp32"]["speed"], rows["single-fp32"]["accuracy"]) == ("baseline", "baseline")
+    assert rows["single-fp32"]["speedup_low"] == pytest.approx(1 / math.exp(2.447 * 0.006455), abs=0.001)
+    mean = rows["dp-fp32"]  # images/s: the mean of its epochs, +- t(3) * sd / 2
+    assert mean["images_per_second_high"] - mean["images_per_second"] == pytest.approx(3.182 * 800 * 0.009129 / 2,
+                                                                                       abs=0.1)
+    same = rows["single-bf16"]  # 1% faster by its point figure, inside its +-1.58%; the same 200 images right
+    assert (same["speed"], same["accuracy"]) == ("no different", "the same")
+
+
+def test_without_per_image_results_or_speed_samples_the_intervals_are_wider_or_none(layout):
+    layout.eval_diagnostics("dp-amp").unlink()  # records from before per-image results: two binomial intervals
+    _diagnose(layout, "ddp-amp", speed_samples={"kind": "windows", "images_per_second": [3500.0]})
+    rows = compare(layout)["variants"]
+    amp = rows["dp-amp"]
+    half = 1.96 * math.sqrt((0.5 * 0.5 + 0.4975 * 0.5025) / 400)
+    assert amp["accuracy_interval"] == "unpaired" and amp["accuracy_change_high"] == pytest.approx(-0.25 + 100 * half,
+                                                                                                  abs=0.006)
+    assert amp["accuracy"] == "the same"
+    one = rows["ddp-amp"]  # one window: no spread, so no interval and no speed verdict
+    assert "speedup_low" not in one and one["speed"] is None and one["speed_samples"] == 1
+    assert "| ddp-amp | 12.50 | 20.00 | 3,500 | 512 | 0.5000 | 3.50x | +0.00 (+0.00 to +0.00) | speed not decided " \
+           "(1 sample(s)), accuracy the same |" in to_markdown(compare(layout))
+
+
 def test_the_markdown_rows_say_the_same(layout):
     markdown = to_markdown(compare(layout))
-    assert "| dp-amp | 12.50 | 20.00 | 2,500 | 512 | 0.4975 | 2.50x | -0.25 |" in markdown
-    assert "| ddp-autocast | 12.50 | 20.00 | 400 | 512 | 0.1000 | 0.40x | -40.00 |" in markdown
-    assert "| single-fp32 | 12.50 | 20.00 | 1,000 | 512 | 0.5000 | 1.00x | +0.00 |" in markdown
+    assert "| dp-amp | 12.50 | 20.00 | 2,500 ± 36 | 512 | 0.4975 | 2.50x (2.46–2.54) | -0.25 (-0.74 to +0.24) " \
+           "| faster, accuracy the same |" in markdown
+    assert "| ddp-autocast | 12.50 | 20.00 | 400 ± 6 | 512 | 0.1000 | 0.40x (0.39–0.41) | -40.00 (-44.81 to -35.19) " \
+           "| slower, accuracy lower |" in markdown
+    assert "| single-fp32 | 12.50 | 20.00 | 1,000 ± 14 | 512 | 0.5000 | 1.00x (0.98–1.02) | +0.00 (+0.00 to +0.00) " \
+           "| baseline |" in markdown
     assert "Device: Hand-made GPU; torch 9.9; speed-up and accuracy change against single-fp32." in markdown
+    assert "Intervals are 95%" in markdown
 
 
 def _diagnose(layout, variant: str, **fields) -> None:
@@ -74,7 +125,7 @@ def test_a_cpus_table_says_its_speeds_are_a_cpus_and_what_its_memory_measured(la
         _diagnose(layout, variant, peak_memory_kind="cpu_max_rss")
     head = to_markdown(compare(layout)).splitlines()[0]
     assert head == ("| variant | s/epoch | first epoch s | images/s (CPU) | peak process memory (RSS) MB | test acc "
-                    "| speed-up (CPU) | acc change (pp) |")
+                    "| speed-up (CPU) | acc change (pp) | verdict |")
     for variant in VARIANTS:
         _diagnose(layout, variant, peak_memory_kind="cuda_max_allocated")
     head = to_markdown(compare(layout)).splitlines()[0]
@@ -93,7 +144,18 @@ def test_each_warning_is_listed_once_with_the_variants_it_applies_to(layout):
 
 
 def test_dvc_reads_every_figure_of_every_variant_as_a_metric(layout):
-    """A mapping, not a list (which DVC's metrics skip): variants.<variant>.<figure>, numbers."""
+    """A mapping, not a list (which DVC's metrics skip): variants.<variant>.<figure>, numbers and the
+    verdicts' words, which `dvc metrics diff` prints as they are."""
     table = compare(layout)
     flat = {f"variants.{v}.{k}": x for v, r in table["variants"].items() for k, x in r.items()}
-    assert len(flat) == len(VARIANTS) * 9 and all(isinstance(x, (int, float)) for x in flat.values())
+    words = {k: x for k, x in flat.items() if isinstance(x, str)}
+    assert set(words.values()) <= {"faster", "slower", "no different", "the same", "lower", "higher", "baseline",
+                                   "paired"}
+    assert len(flat) == len(VARIANTS) * 20 and all(isinstance(x, (int, float)) for k, x in flat.items() if k not in words)
+
+
+def test_per_image_results_of_different_test_sets_are_refused_in_one_line(layout):
+    layout.eval_diagnostics("dp-amp").write_text(json.dumps({"correct": "1" * 399}))
+    with pytest.raises(FasttrainError, match=r"^dp-amp and single-fp32 were evaluated on different test sets "
+                                             r"\(399 and 400 images\)"):
+        compare(layout)

@@ -18,7 +18,7 @@ def test_dvc_yaml_matrices_are_layouts_names():
 def test_compare_reads_and_the_plots_draw_every_variant_by_layouts_paths():
     layout = Layout(Path(""))
     expected = [str(p(v)) for v in VARIANTS for p in (layout.train_metrics, layout.eval_metrics,
-                                                        layout.train_diagnostics)]
+                                                        layout.train_diagnostics, layout.eval_diagnostics)]
     assert [d for d in DVC_YAML["stages"]["compare"]["deps"] if not d.startswith("src/")] == expected
     for plot in DVC_YAML["plots"]:
         (spec,) = plot.values()
