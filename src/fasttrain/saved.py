@@ -48,7 +48,7 @@ class EpochRecord:
     img_size: int | None = None  # the training resolution (None in checkpoints from before progressive resizing)
     max_grad_norm: float | None = None  # the largest gradient norm of the epoch's steps, before clipping (grad_clip only)
     eval_seconds: float | None = None  # the test-set evaluation after the epoch (outside `seconds`)
-    window_images_per_second: list[float] | None = None  # its windows of steps (engine.StepWindows), this process's
+    window_images_per_second: list[float] | None = None  # its windows of steps (engine.StepWindows), all processes' images
 
     @property
     def images_per_second(self) -> float:

@@ -190,3 +190,14 @@ def test_fused_adamw_on_the_gpu(fused):
     params = config.from_dict({"model": {"name": "resnet18"}, "train": {"device": "cuda", "fused_adamw": fused}})
     t = build_trainable(params, PRECISIONS["fp32"], parallel.setup("single", "cuda"), num_classes=10)
     assert bool(t.optimizer.param_groups[0]["fused"]) is fused
+
+
+def test_step_windows_time_equal_runs_of_steps_and_leave_the_short_last_one_out(monkeypatch):
+    from fasttrain import engine
+    clock = iter(0.5 * i for i in range(100))  # each mark half a second after the one before
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: next(clock))
+    windows = engine.StepWindows(20, torch.device("cpu"))  # 8 windows a 20-step epoch: 3 steps each
+    for done in range(1, 21):
+        windows.record(32, done)  # 16 images in each of two processes
+    # marks after steps 3, 6, ..., 18: six whole windows of 96 images in 0.5 s; steps 19 and 20 left out
+    assert windows.images_per_second() == [192.0] * 6

@@ -1,6 +1,7 @@
 """Evaluation against hand-made models whose answers are known: flip TTA's mean logits, per-class accuracy."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -95,3 +96,47 @@ def test_evaluate_writes_per_class_accuracy_by_class_name_and_honours_flip_tta(t
             assert torch.equal(mirrored, x.flip(-1)) and not torch.equal(mirrored, x)
     else:
         assert len(inputs) == 3
+
+
+# LeftRight's classes for [left, right]: [1, 0] -> 0, [0, 1] -> 2, [3, 0] -> 0, [0, 4] -> 1, [2, 0] -> 0
+IMAGES = torch.tensor([[[[1.0, 0.0]]], [[[0.0, 1.0]]], [[[3.0, 0.0]]], [[[0.0, 4.0]]], [[[2.0, 0.0]]]])
+LABELS = torch.tensor([0, 1, 2, 1, 0])
+RIGHT = [1, 0, 0, 1, 1]
+
+
+class ThreadGroup:
+    """all_reduce over threads that stand for ranks: each adds its tensor, all get the sum."""
+
+    def __init__(self, world_size: int):
+        self.barrier, self.slots = threading.Barrier(world_size), [None] * world_size
+
+    def all_reduce(self, t: torch.Tensor, rt: parallel.Runtime, op: str = "sum") -> torch.Tensor:
+        self.slots[rt.rank] = t.clone()
+        self.barrier.wait()
+        total = sum(self.slots)
+        self.barrier.wait()
+        return t.copy_(total)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_per_image_results_are_in_the_data_sets_order_at_any_world_size(monkeypatch, world_size):
+    """Rank r evaluates images r, r + world_size, ... (make_eval_loader); the gathered results are
+    each image's, in the data set's order, so compare can pair two variants image by image."""
+    group = ThreadGroup(world_size)
+    monkeypatch.setattr(parallel, "all_reduce", group.all_reduce)
+    results = [None] * world_size
+
+    def rank(r: int) -> None:
+        rt = parallel.Runtime("ddp", torch.device("cpu"), rank=r, world_size=world_size)
+        shard = [(IMAGES[r::world_size][i:i + 1], LABELS[r::world_size][i:i + 1])
+                 for i in range(len(LABELS[r::world_size]))]
+        results[r] = evaluate_model(LeftRight(), shard, PRECISIONS["fp32"], rt, num_classes=3, per_image=True)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for result in results:
+        assert result.correct.tolist() == RIGHT
+        assert result.correct.sum() == result.confusion.trace() == 3
