@@ -74,8 +74,13 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
     for variant, r in rows.items():
         _with_interval(r, "images_per_second", stats.mean_interval(samples[variant]), 1)
         r["speedup"] = round(r["images_per_second"] / base["images_per_second"], 3)
+        r["accuracy_change"] = round(100 * (r["test_accuracy"] - base["test_accuracy"]), 2)
+        r["speed_samples"] = len(samples[variant])
+        if variant == BASELINE:  # 1x and +0 by definition: no interval, no verdict against itself
+            r["speed"] = r["accuracy"] = "baseline"
+            continue
         speedup = _with_interval(r, "speedup", stats.ratio_interval(samples[variant], samples[BASELINE]), 3)
-        r["speed"] = stats.speed_verdict(speedup) if variant != BASELINE else "baseline"
+        r["speed"] = stats.speed_verdict(speedup)
         if correct[variant] and correct[BASELINE]:
             if len(correct[variant]) != len(correct[BASELINE]):
                 raise FasttrainError(f"{variant} and {BASELINE} were evaluated on different test sets "
@@ -87,11 +92,9 @@ def compare(layout: Layout, variants: tuple[str, ...] = VARIANTS) -> dict:
             r["accuracy_interval"] = "unpaired"
         else:
             change = None
-        r["accuracy_change"] = round(100 * (r["test_accuracy"] - base["test_accuracy"]), 2)
         if change is not None:
             r["accuracy_change_low"], r["accuracy_change_high"] = round(change.low, 2), round(change.high, 2)
-        r["accuracy"] = stats.accuracy_verdict(change) if variant != BASELINE else "baseline"
-        r["speed_samples"] = len(samples[variant])
+        r["accuracy"] = stats.accuracy_verdict(change)
     first, kinds = diagnostics[variants[0]], {d.get("peak_memory_kind") for d in diagnostics.values()}
     sample_kinds = {(d.get("speed_samples") or {}).get("kind") for d in diagnostics.values()} - {None}
     return {"baseline": BASELINE, "device": first["device"], "torch_version": first["torch_version"],
