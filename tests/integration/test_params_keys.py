@@ -118,7 +118,7 @@ def full_run(tmp_path_factory):
             stage(name, variant_argv(name, "ddp"), {**torchrun, "MASTER_PORT": str(free_port())})  # a worker
         for variant in VARIANTS:  # compare reads all twelve: the single-fp32 figures stand in for the rest
             layout = Layout(root)
-            for path in (layout.train_metrics, layout.eval_metrics, layout.train_diagnostics):
+            for path in (layout.train_metrics, layout.eval_metrics, layout.train_diagnostics, layout.eval_diagnostics):
                 if variant != BASELINE:
                     shutil.copy(path(BASELINE), path(variant))
         stage("compare", ["compare"])
@@ -218,7 +218,7 @@ def test_each_stage_does_the_same_with_only_the_keys_it_lists(full_run, tmp_path
 
     (tmp_path / "params.yaml").unlink()  # compare lists no key: it runs with no params.yaml at all
     for variant in VARIANTS:  # the full run's metrics, so the two tables can be compared
-        for path in (Layout.train_metrics, Layout.eval_metrics, Layout.train_diagnostics):
+        for path in (Layout.train_metrics, Layout.eval_metrics, Layout.train_diagnostics, Layout.eval_diagnostics):
             shutil.copy(path(layout, variant), path(reduced, variant))
     cli_run(["compare"])
     assert reduced.compare_json.read_text() == layout.compare_json.read_text()
