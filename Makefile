@@ -20,7 +20,7 @@ TRAIN_TARGETS := $(addprefix train-,$(VARIANTS))
 
 help:  ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
-	@echo "train-<parallel>-<precision>	one variant's training stage through DVC, if anything it reads changed (FORCE=1: always), e.g. make train-ddp-amp"
+	@echo "train-<parallel>-<precision>	one variant's training stages (one per seed of compare.seeds) through DVC, if anything it reads changed (FORCE=1: always), e.g. make train-ddp-amp"
 
 setup: $(VENV)/.installed  ## a virtual environment with everything installed
 ifeq ($(shell test -L $(VENV) && echo link),link)
@@ -62,25 +62,28 @@ repro: setup  ## the real pipeline with params.yaml
 	dvc repro
 
 # Like any make target: nothing changed, nothing runs (DVC compares the stage's deps and params with
-# dvc.lock). FORCE=1 trains the variant again whatever changed; the data set is still made only if stale.
+# dvc.lock). A variant trains once per seed of compare.seeds (stages train@<variant>-<seed>): the target
+# runs every seed's. FORCE=1 trains them again whatever changed; the data set is still made only if stale.
 $(TRAIN_TARGETS): train-%: setup
 ifdef FORCE
 	dvc repro download
-	dvc repro --force --single-item train@$*
+	dvc repro --force --single-item --glob 'train@$*-*'
 else
-	dvc repro train@$*
+	dvc repro --glob 'train@$*-*'
 endif
 
 train-%:  # any other name: say which ones there are
 	$(error unknown variant '$*': choose one of $(VARIANTS))
 
 # Run again with nothing changed, DVC restores the experiment's outputs from its run cache (same inputs,
-# same outputs) and measures nothing. SEED=N sets train.seed: a seed not run before trains and measures.
+# same outputs) and measures nothing. SEED=N (default 0) is the run's seed, compare.seeds=[N]: a seed not
+# run before trains and measures.
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
 	$(if $(SEED),$(if $(shell [[ '$(SEED)' =~ ^[0-9]+$$ ]] && echo ok),,$(error SEED=$(SEED) is not a seed: use a whole number >= 0, e.g. make fast SEED=3)))
 	flags=$$(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) && \
-	  dvc exp run --temp $$flags $(if $(SEED),-S train.seed=$(SEED)) train@single-bf16 evaluate@single-bf16
-	fasttrain experiments --variant single-bf16 --param train.epochs --param train.seed
+	  dvc exp run --temp $$flags -S 'compare.seeds=[$(or $(SEED),0)]' \
+	    train@single-bf16-$(or $(SEED),0) evaluate@single-bf16-$(or $(SEED),0)
+	fasttrain experiments --variant single-bf16 --param train.epochs --param compare.seeds
 
 bench: setup  ## loaders vs compute ceiling vs bf16 peak, on the GPU (writes metrics/bench.json)
 	dvc repro download
@@ -94,10 +97,10 @@ compare: setup  ## re-make and print the comparison table
 	dvc repro compare
 	@cat metrics/compare.md
 
-# Every variant's headline figures, train and evaluate, one row per file: a table 200 columns wide
-# (the comparison is `make compare`; each run's diagnostics are diagnostics/<stage>/<variant>.json).
+# Every variant's headline figures, train and evaluate, one row per file and seed: a table 200 columns
+# wide (the comparison is `make compare`; each run's diagnostics are diagnostics/<stage>/seed<N>/<variant>.json).
 metrics: setup  ## every variant's headline metrics as one Markdown table (dvc metrics show)
-	dvc metrics show --md metrics/train/*.json metrics/eval/*.json
+	dvc metrics show --md metrics/train/*/*.json metrics/eval/*/*.json
 
 plots: setup  ## render every plot into dvc_plots/index.html (draws offline: .dvc/plots/page.html)
 	dvc plots show

@@ -44,8 +44,12 @@ def run_timed(command: list[str]) -> tuple[float, list[tuple[str, float]], int]:
 
 
 def diagnostics_path(stage: str) -> Path | None:
-    kind, _, variant = stage.partition("@")
-    return Path("diagnostics") / {"train": "train", "evaluate": "eval"}[kind] / f"{variant}.json" if variant else None
+    """A train or evaluate stage's diagnostics: train@single-fp32-0 -> diagnostics/train/seed0/single-fp32.json."""
+    kind, _, item = stage.partition("@")
+    variant, _, seed = item.rpartition("-")
+    if not variant or kind not in ("train", "evaluate"):
+        return None
+    return Path("diagnostics") / {"train": "train", "evaluate": "eval"}[kind] / f"seed{seed}" / f"{variant}.json"
 
 
 def _newest_experiment_outputs() -> dict[str, Path]:

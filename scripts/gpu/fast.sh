@@ -41,19 +41,20 @@ one() {  # one run: config number $1, config $2, seed $3; its log is printed in 
   local n=$1 config=$2 seed=$3 d=$work/run-$1-$3
   rm -rf $d && mkdir -p $d/data && cd $d && ln -s $base/data/dataset.pt data/dataset.pt
   local sets=${config//,/ } && [ "$config" = recipe ] && sets=""
-  python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml "train.seed=$seed" $sets
+  python3 "$repo/scripts/overlay.py" $base/params.yaml "$repo/recipes/fast.yaml" params.yaml $sets
   {
     echo "config $n: $config seed $seed"
     local t0 t1 t2
     t0=$(date +%s.%N)
-    FASTTRAIN_LOCK_DIR=$d ft train --parallel single --precision bf16 2>&1 | grep -v Warning | tail -4
+    FASTTRAIN_LOCK_DIR=$d ft train --parallel single --precision bf16 --seed $seed 2>&1 | grep -v Warning | tail -4
     t1=$(date +%s.%N)
-    FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16
+    FASTTRAIN_LOCK_DIR=$d ft evaluate --parallel single --precision bf16 --seed $seed
     t2=$(date +%s.%N)
-    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n $t0 $t1 $t2 <<'PY'
+    python3 - "$out/fast.jsonl" "$config" "${JOBS:-1}" $n $t0 $t1 $t2 $seed <<'PY'
 import datetime, json, sys
 def record(stage):  # headline metrics and diagnostics, one dict
-    return {k: v for top in ("diagnostics", "metrics") for k, v in json.load(open(f"{top}/{stage}/single-bf16.json")).items()}
+    return {k: v for top in ("diagnostics", "metrics")
+            for k, v in json.load(open(f"{top}/{stage}/seed{sys.argv[8]}/single-bf16.json")).items()}
 t, e = record("train"), record("eval")
 row = {k: t[k] for k in ("seed", "epochs", "train_seconds", "compile_seconds", "images_per_second", "peak_memory_mb", "device", "torch_version")}
 row["test_accuracy"] = e["test_accuracy"]
@@ -69,7 +70,7 @@ for k in ("eval_seconds", "capture_seconds", "capture_seconds_each", "first_epoc
 row["train_process_seconds"], row["evaluate_process_seconds"] = t["process_seconds"], e["process_seconds"]  # by phase
 open(sys.argv[1], "a").write(json.dumps(row) + "\n"); print("FAST", json.dumps(row))
 PY
-    cp plots/train/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch
+    cp plots/train/seed$seed/single-bf16.csv "$out/epochs-$n-$seed.csv"  # the run's curve: loss and test accuracy by epoch
   } > $d/run.log 2>&1
   cat $d/run.log
 }

@@ -33,7 +33,7 @@ for run in $runs; do
   echo "exit status $?"; grep -v -i warn train.log | tail -3; cp train.log "$out/train-${run//:/_}.log"
   python3 - "$out/multi.jsonl" "$run" "${loader:-gpu}" <<'PY'
 import glob, json, sys
-found = glob.glob("metrics/train/*.json")
+found = glob.glob("metrics/train/*/*.json")
 if not found:
     sys.exit(print("MULTI none: the run wrote no metrics"))
 t = {**json.load(open(found[0].replace("metrics/", "diagnostics/", 1))), **json.load(open(found[0]))}

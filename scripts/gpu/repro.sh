@@ -19,7 +19,7 @@
 # (`pip install dvc`); `fasttrain` and `dvc` are run as `python3 -m ...` through two small shims, so
 # no console scripts are needed. OUT gets repro.log (with --queue also queue.log) and
 # results.tar.gz (metrics/, plots/, dvc.lock, params.yaml). FT_TARGETS (environment): the stages
-# `dvc repro` makes (default: all), e.g. "evaluate@ddp-amp evaluate@dp-amp" with train.nproc=2.
+# `dvc repro` makes (default: all), e.g. "evaluate@ddp-amp-0 evaluate@dp-amp-0" with train.nproc=2.
 # A run longer than one command may last can go through scripts/gpu/detached.sh with OUT=DIR/out.
 # FT_TIME=1 (environment): `dvc repro` and each `make fast` experiment run under
 # scripts/time_to_answer.py, whose tables (wall, work and fixed cost per stage) go to OUT/time_to_answer.md.
@@ -44,7 +44,7 @@ export PYTHONPATH=$work/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ ! -d "$work/.git" ]; then  # first call: a git repository of the checkout's sources
   mkdir -p "$work"
   (cd "$repo" && tar cf - --exclude=./.git --exclude=./.venv --exclude=./.demo --exclude=./.cache \
-     --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./data --exclude=./models --exclude=./checkpoints \
+     --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./.whl --exclude=./.data --exclude=./data --exclude=./models --exclude=./checkpoints \
      --exclude=./tensorboard --exclude=./metrics --exclude=./plots .) | (cd "$work" && tar xf -)
   cd "$work"
   git init -q && git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm checkout
@@ -68,7 +68,7 @@ if [ -n "$jobs" ] && [ ! -e "$queued" ]; then  # queue every variant's evaluate 
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "data and params" || true
   variants=${FT_VARIANTS:-$(python3 -c 'from fasttrain.layout import VARIANTS; print(*VARIANTS)')}
   for v in $variants; do
-    dvc exp run --queue -n "$v" "evaluate@$v" >> "$out/queue.raw" 2>&1 || { cat "$out/queue.raw"; exit 1; }
+    dvc exp run --queue -n "$v" "evaluate@$v-0" >> "$out/queue.raw" 2>&1 || { cat "$out/queue.raw"; exit 1; }
   done
   dvc queue start -j "$jobs" >> "$out/queue.raw" 2>&1
   touch "$queued"
@@ -111,8 +111,8 @@ echo "dvc repro exit status $status"
 if [ -n "$seeds" ] && [ $status -eq 0 ]; then
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "classic recipe" || true
   for seed in $seeds; do  # exactly what `make fast` runs, one experiment per seed
-    "${timer[@]}" dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "train.seed=$seed" \
-      ${FT_FAST_EXTRA:-} train@single-bf16 evaluate@single-bf16 2>&1 | grep -v -i -e warning -e "warn(" | tail -${FT_TIME:+14}4 | tee -a "$out/fast.log"
+    "${timer[@]}" dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "compare.seeds=[$seed]" \
+      ${FT_FAST_EXTRA:-} train@single-bf16-$seed evaluate@single-bf16-$seed 2>&1 | grep -v -i -e warning -e "warn(" | tail -${FT_TIME:+14}4 | tee -a "$out/fast.log"
   done
   dvc exp show --json > "$out/fast-experiments.json"
 fi

@@ -8,6 +8,7 @@ What each key means is documented once, in params.yaml's comments; here are its 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -57,7 +58,9 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     adam_beta2: float = 0.999  # AdamW's second-moment decay (torch's default); its estimates average ~1/(1 - beta2) steps
     grad_clip: float | None = None  # the largest L2 norm of all gradients together; larger ones are scaled down; null: off
-    seed: int = 0
+    # The run's seed: not a params.yaml key, but one of compare.seeds, which dvc.yaml's matrix passes to
+    # each stage as --seed (Params.for_seed); it seeds the initial weights, dropout and the data order.
+    seed: int = field(default=0, metadata={"set_by": "--seed"})
     img_size: int = 227  # pixels per side the 32x32 images are resized to
     progressive_epochs: int = 0  # progressive resizing: the first N epochs train at progressive_size (gpu loader)
     progressive_size: int = 160  # pixels per side in those epochs; evaluation is always at img_size
@@ -96,12 +99,30 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True)
+class CompareConfig:
+    seeds: list[int] = field(default_factory=lambda: [0])  # every variant trains once per seed, in stages of its own
+
+
+@dataclass(frozen=True)
 class Params:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def for_seed(self, seed: int) -> Params:
+        """These params for the run of one seed (a stage's --seed, from dvc.yaml's matrix): a copy of the
+        train section with its seed set, no other key read (dataclasses.replace would read every one)."""
+        train = copy.copy(self.train)
+        object.__setattr__(train, "seed", seed)
+        return dataclasses.replace(self, train=train)
+
+
+def params_keys(section_cls) -> list[str]:
+    """The keys params.yaml may set in a section: its fields less those a stage's command line sets."""
+    return [f.name for f in dataclasses.fields(section_cls) if "set_by" not in f.metadata]
 
 
 # keys that have moved: an older params.yaml gets told where to, not just "unknown key"
@@ -113,6 +134,9 @@ REMOVED = {
     "train.overlap_optimizer": "it measured 2.1% slower on an H200 (docs/fast-recipe.md)",
     "train.pad_channels": "space_to_depth took its place, 1.28 times as fast on an H200 (docs/space-to-depth.md)",
 }
+# keys whose meaning changed with their place: an older params.yaml gets told what to write instead
+REPLACED = {"train.seed": "the seeds are the list compare.seeds, every variant trained once per seed in stages "
+                          "of its own: write e.g. 'compare: {seeds: [3]}' (dvc exp run -S 'compare.seeds=[3]')"}
 
 def _retired(key: str) -> str | None:
     """What to do with a key an older params.yaml may still have: where it moved, or why it was removed."""
@@ -120,6 +144,8 @@ def _retired(key: str) -> str | None:
         return f"params key '{key}' is now '{MOVED[key]}': move it there"
     if key in REMOVED:
         return f"params key '{key}' was removed: {REMOVED[key]}; delete it"
+    if key in REPLACED:
+        return f"params key '{key}' is no more: {REPLACED[key]}"
     return None
 
 
@@ -168,6 +194,8 @@ _RANGES = {
     ("run", "log_every_steps"): (lambda v: v >= 1, "an integer >= 1"),
     ("run", "checkpoint_every"): (lambda v: v >= 1, "an integer >= 1 (epochs)"),
     ("run", "max_restarts"): (lambda v: v >= 0, "an integer >= 0"),
+    ("compare", "seeds"): (lambda v: len(v) >= 1 and len(set(v)) == len(v) and min(v) >= 0,
+                           "a list of distinct integers >= 0, at least one, e.g. [0, 1, 2]"),
 }
 
 
@@ -185,6 +213,8 @@ def _type_ok(value, annotation) -> bool:
             return True
         if option is str and isinstance(value, str):
             return True
+        if typing.get_origin(option) is list and isinstance(value, list):
+            return all(_type_ok(v, typing.get_args(option)[0]) for v in value)
     return False
 
 
@@ -207,7 +237,7 @@ def _yaml_number_hint(value, annotation) -> str:
 def _type_name(annotation) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
             "str | None": "a string or null", "int | None": "an integer or null",
-            "float | None": "a number or null"}.get(annotation, annotation)
+            "float | None": "a number or null", "list[int]": "a list of integers"}.get(annotation, annotation)
 
 
 def _section(cls, section: str, raw) -> object:
@@ -215,7 +245,7 @@ def _section(cls, section: str, raw) -> object:
         raw = {}
     if not isinstance(raw, dict):
         raise FasttrainError(f"params section '{section}' must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if "set_by" not in f.metadata}
     unknown = sorted(set(raw) - set(fields))
     retired = [why for why in (_retired(f"{section}.{k}") for k in unknown) if why]
     if retired:

@@ -16,7 +16,7 @@ from fasttrain.layout import Layout
 from fasttrain.loaders import loader_args, make_eval_loader
 from fasttrain.models import build_model
 from fasttrain.precision import AutocastForward, Precision
-from fasttrain.variant import run_variant, variant_options
+from fasttrain.variant import run_variant, seed_or_first, variant_options
 
 
 @dataclass
@@ -137,11 +137,12 @@ def _confusion_csv(confusion: torch.Tensor, classes: list[str]) -> str:
 
 @click.command("evaluate")
 @variant_options
-def main(parallel_name: str, precision_name: str, params_path: str) -> None:
+def main(parallel_name: str, precision_name: str, seed: int | None, params_path: str) -> None:
     """Test accuracy, loss, per-class accuracy and the confusion matrix of one variant's final model."""
     variant = f"{parallel_name}-{precision_name}"
-    model = Layout().model(variant)
+    seed = seed_or_first(seed, config.load(params_path))
+    model = Layout(seed=seed).model(variant)
     if not model.is_file():  # before any ddp worker starts
-        raise FasttrainError(f"{model} not found: train the variant first (dvc repro evaluate@{variant} trains "
-                             f"and evaluates it; make train-{variant} trains it alone)")
-    run_variant("evaluate", evaluate, parallel_name, precision_name, params_path)
+        raise FasttrainError(f"{model} not found: train the variant first (dvc repro evaluate@{variant}-{seed} "
+                             f"trains and evaluates it; make train-{variant} trains it alone)")
+    run_variant("evaluate", evaluate, parallel_name, precision_name, seed, params_path)

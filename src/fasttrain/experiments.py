@@ -26,6 +26,17 @@ STALE = ("* metrics/compare.json is older than this experiment's train or evalua
 PATHS = Layout()
 
 
+def _seeds(params: dict) -> list[int]:
+    seeds = params.get("compare.seeds")
+    return seeds if isinstance(seeds, list) and seeds else [0]
+
+
+def _mean(files: list[dict], key: str):
+    """The figure's mean over the seeds' files that have it (None where none does)."""
+    values = [f[key] for f in files if isinstance(f.get(key), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
 def exp_show() -> list[dict]:
     """`dvc exp show --json` of the repository here: its baselines (the workspace and HEAD), each
     with its experiments."""
@@ -107,24 +118,30 @@ def _value(v) -> str:
         if isinstance(v, float) else str(v)
 
 
-def _figures(metrics: dict, variant: str | None) -> dict:
+def _figures(metrics: dict, variant: str | None, seeds: list[int]) -> dict:
     """The figures a row shows: one variant's (train and evaluate metrics), or else the comparison's
     answer (metrics/compare.json): single-fp32's rate and accuracy, the fastest variant, its speed-up
     and accuracy change, each marked `*` where the comparison's figures are not those of the train and
-    evaluate metrics beside it (the experiment ran without the compare stage)."""
+    evaluate metrics beside it (the experiment ran without the compare stage). Over several seeds
+    (compare.seeds), a variant's figures are their means."""
+    def files(kind: str, v: str) -> list[dict]:
+        return [metrics.get(str(getattr(PATHS.for_seed(seed), kind)(v)), {}) for seed in seeds]
+
     if variant:
-        train = metrics.get(str(PATHS.train_metrics(variant)), {})
-        ev = metrics.get(str(PATHS.eval_metrics(variant)), {})
-        return {"train s": _num(train.get("train_seconds"), "{:.1f}"),
-                "images/s": _num(train.get("images_per_second"), "{:,.0f}"),
-                "test acc": _num(ev.get("test_accuracy"), "{:.4f}")}
+        train, ev = files("train_metrics", variant), files("eval_metrics", variant)
+        return {"train s": _num(_mean(train, "train_seconds"), "{:.1f}"),
+                "images/s": _num(_mean(train, "images_per_second"), "{:,.0f}"),
+                "test acc": _num(_mean(ev, "test_accuracy"), "{:.4f}")}
     table = metrics.get(str(PATHS.compare_json), {}).get("variants") or {}
     base = table.get(BASELINE, {})
     fastest = max((v for v in table if "speedup" in table[v]), key=lambda v: table[v]["speedup"], default=None)
     best = table.get(fastest, {})
-    stale = any(metrics.get(str(PATHS.train_metrics(v)), {}).get("images_per_second") not in (None, r.get(
-        "images_per_second")) or metrics.get(str(PATHS.eval_metrics(v)), {}).get("test_accuracy") not in (
-        None, r.get("test_accuracy")) for v, r in table.items())
+    def moved(mean, figure) -> bool:  # compare.json rounds a mean over seeds to its figure's digits
+        return mean is not None and (figure is None or abs(mean - figure) > 1e-4 * max(1.0, abs(figure)))
+
+    stale = any(moved(_mean(files("train_metrics", v), "images_per_second"), r.get("images_per_second"))
+                or moved(_mean(files("eval_metrics", v), "test_accuracy"), r.get("test_accuracy"))
+                for v, r in table.items())
     mark = "*" if stale else ""
     return {"base img/s": _num(base.get("images_per_second"), "{:,.0f}") + mark,
             "base acc": _num(base.get("test_accuracy"), "{:.4f}") + mark,
@@ -144,7 +161,7 @@ def table(shown: list[dict], variant: str | None = None, params: tuple[str, ...]
     for row in rows(shown):
         named = {k: _value(row["params"].get(k)) for k in params} if params else {"changed": changed(row)}
         body.append({"experiment": row["experiment"], "created": row["created"], **named,
-                     **_figures(row["metrics"], variant)})
+                     **_figures(row["metrics"], variant, _seeds(row["params"]))})
     if not body:
         return "no experiments: run one with dvc exp run (e.g. dvc exp run -S train.lr=0.005)\n"
     headers = list(body[0])

@@ -1,4 +1,4 @@
-"""Where every stage reads and writes, by variant. dvc.yaml names the same paths."""
+"""Where every stage reads and writes, by variant and seed. dvc.yaml names the same paths."""
 
 from __future__ import annotations
 
@@ -16,7 +16,18 @@ BASELINE = "single-fp32"
 
 @dataclass(frozen=True)
 class Layout:
+    """The paths of one seed's runs: each variant's model, metrics, diagnostics, plots and TensorBoard run
+    are under a folder of the seed's (models/seed0/single-fp32.pt); the data set and the comparison,
+    which is over every seed, are not."""
     root: Path = Path(".")
+    seed: int = 0
+
+    @property
+    def _seed(self) -> str:
+        return f"seed{self.seed}"
+
+    def for_seed(self, seed: int) -> Layout:
+        return Layout(self.root, seed)
 
     @property
     def dataset(self) -> Path:
@@ -27,7 +38,7 @@ class Layout:
         return self.root / "data" / "raw"
 
     def model(self, variant: str) -> Path:
-        return self.root / "models" / f"{variant}.pt"
+        return self.root / "models" / self._seed / f"{variant}.pt"
 
     @property
     def checkpoints(self) -> Path:
@@ -43,25 +54,25 @@ class Layout:
         return self.checkpoints / variant / key
 
     def tensorboard(self, variant: str) -> Path:
-        return self.root / "tensorboard" / variant
+        return self.root / "tensorboard" / self._seed / variant
 
     def train_metrics(self, variant: str) -> Path:
-        return self.root / "metrics" / "train" / f"{variant}.json"
+        return self.root / "metrics" / "train" / self._seed / f"{variant}.json"
 
     def train_plot(self, variant: str) -> Path:
-        return self.root / "plots" / "train" / f"{variant}.csv"
+        return self.root / "plots" / "train" / self._seed / f"{variant}.csv"
 
     def train_diagnostics(self, variant: str) -> Path:
-        return self.root / "diagnostics" / "train" / f"{variant}.json"
+        return self.root / "diagnostics" / "train" / self._seed / f"{variant}.json"
 
     def eval_metrics(self, variant: str) -> Path:
-        return self.root / "metrics" / "eval" / f"{variant}.json"
+        return self.root / "metrics" / "eval" / self._seed / f"{variant}.json"
 
     def eval_diagnostics(self, variant: str) -> Path:
-        return self.root / "diagnostics" / "eval" / f"{variant}.json"
+        return self.root / "diagnostics" / "eval" / self._seed / f"{variant}.json"
 
     def confusion_plot(self, variant: str) -> Path:
-        return self.root / "plots" / "confusion" / f"{variant}.csv"
+        return self.root / "plots" / "confusion" / self._seed / f"{variant}.csv"
 
     @property
     def compare_md(self) -> Path:

@@ -388,11 +388,11 @@ def _finish(run: Run, wall_start: float) -> dict:
               help="Resume from this checkpoint: an error if it is missing, corrupt, finished or from another "
                    "config. Without it, train resumes the variant's unfinished run of the same params, if any "
                    "(checkpoints/<variant>/<config hash>/last.pt).")
-def main(parallel_name: str, precision_name: str, params_path: str, resume_path: str | None) -> None:
+def main(parallel_name: str, precision_name: str, seed: int | None, params_path: str, resume_path: str | None) -> None:
     """Train one variant with the `train:` params; writes models/, metrics/train/, plots/train/, tensorboard/."""
     resume = Path(resume_path).resolve() if resume_path else None
     if resume is not None and not resume.is_file():  # before any worker starts
         raise FasttrainError(f"checkpoint not found: {resume_path}")
-    run_variant("train", functools.partial(train, resume=resume), parallel_name, precision_name, params_path,
+    run_variant("train", functools.partial(train, resume=resume), parallel_name, precision_name, seed, params_path,
                 check=check_train, max_restarts=config.load(params_path).run.max_restarts,
                 extra_argv=("--resume", str(resume)) if resume else ())

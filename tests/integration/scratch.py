@@ -37,10 +37,11 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def record(repo: Path, variant: str, stage: str = "train") -> dict:
-    """A stage's whole record of one variant: its headline metrics and its diagnostics, as one dict."""
+def record(repo: Path, variant: str, stage: str = "train", seed: int = 0) -> dict:
+    """A stage's whole record of one variant's run of `seed`: its headline metrics and its diagnostics,
+    as one dict."""
     kind = {"train": "train", "evaluate": "eval"}[stage]
-    metrics, diagnostics = (json.loads((repo / top / kind / f"{variant}.json").read_text())
+    metrics, diagnostics = (json.loads((repo / top / kind / f"seed{seed}" / f"{variant}.json").read_text())
                             for top in ("metrics", "diagnostics"))
     assert not metrics.keys() & diagnostics.keys(), "a figure in both files"
     return {**diagnostics, **metrics}

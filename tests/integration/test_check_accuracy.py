@@ -45,9 +45,9 @@ def test_the_independent_evaluation_agrees_with_fasttrain_evaluate(tiny_repo, tm
     for cmd in (["fasttrain", "download"], ["fasttrain", "train", "--parallel", "single", "--precision", "fp32"],
                 ["fasttrain", "evaluate", "--parallel", "single", "--precision", "fp32"]):
         run(cmd, tiny_repo)
-    ours = json.loads((tiny_repo / "metrics/eval/single-fp32.json").read_text())
+    ours = json.loads((tiny_repo / "metrics/eval/seed0/single-fp32.json").read_text())
 
-    out = run([sys.executable, str(REPO / "scripts/check_accuracy.py"), str(tiny_repo / "models/single-fp32.pt"),
+    out = run([sys.executable, str(REPO / "scripts/check_accuracy.py"), str(tiny_repo / "models/seed0/single-fp32.pt"),
                str(archive), "--model", "resnet18", "--flip-tta"], tiny_repo).stdout
     theirs = json.loads(out.strip().splitlines()[-1])
     assert theirs["test_images"] == ours["test_images"] == 100

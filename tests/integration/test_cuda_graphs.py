@@ -58,7 +58,7 @@ def test_a_deterministic_run_repeats_bit_for_bit(tiny_repo, tmp_path):
     weights = []
     for _ in range(2):
         run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
-        weights.append(checkpoint.load(tiny_repo / "models" / "single-fp32.pt")["model"])
+        weights.append(checkpoint.load(tiny_repo / "models" / "seed0" / "single-fp32.pt")["model"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     metrics = record(tiny_repo, "single-fp32")
@@ -184,9 +184,9 @@ def test_a_graphed_run_with_two_resolutions_and_a_short_batch_trains_as_the_eage
     for cuda_graphs in (False, True):
         set_params(tiny_repo, {"train": {"cuda_graphs": cuda_graphs}})
         run(["fasttrain", "train", "--parallel", "single", "--precision", precision], tiny_repo)
-        weights[cuda_graphs] = checkpoint.load(tiny_repo / "models" / f"single-{precision}.pt")["model"]
+        weights[cuda_graphs] = checkpoint.load(tiny_repo / "models" / "seed0" / f"single-{precision}.pt")["model"]
         metrics[cuda_graphs] = record(tiny_repo, f"single-{precision}")
-        with open(tiny_repo / "plots" / "train" / f"single-{precision}.csv") as f:
+        with open(tiny_repo / "plots" / "train" / "seed0" / f"single-{precision}.csv") as f:
             rows = list(csv.DictReader(f))
         losses[cuda_graphs] = [float(row["train_loss"]) for row in rows]
         lrs[cuda_graphs] = [row["lr"] for row in rows]

@@ -61,7 +61,7 @@ def test_two_machines_push_experiments_and_a_third_pulls_them_and_compares(tmp_p
     others = [v for v in VARIANTS if v not in TRAINED.values()]
     for v in others:
         scaffold(first, v)
-    sh(["dvc", "commit", "-f", *(f"{stage}@{v}" for v in others for stage in ("train", "evaluate"))], first)
+    sh(["dvc", "commit", "-f", *(f"{stage}@{v}-0" for v in others for stage in ("train", "evaluate"))], first)
     sh(["git", "add", "-A"], first)
     sh(["git", "commit", "-qm", "10 variants"], first)
     sh(["git", "remote", "add", "origin", str(git_remote)], first)
@@ -73,7 +73,7 @@ def test_two_machines_push_experiments_and_a_third_pulls_them_and_compares(tmp_p
         clone = tmp_path / name
         sh(["git", "clone", "-q", "-b", "main", str(git_remote), str(clone)], tmp_path)
         sh(["dvc", "pull", "--allow-missing"], clone)  # not yet trained: nothing to pull
-        sh(["dvc", "exp", "run", "-n", f"{name}-{variant}", f"train@{variant}", f"evaluate@{variant}"], clone)
+        sh(["dvc", "exp", "run", "-n", f"{name}-{variant}", f"train@{variant}-0", f"evaluate@{variant}-0"], clone)
         sh(["dvc", "exp", "push", "--run-cache", "origin", f"{name}-{variant}"], clone)
 
     # The third machine: pull both, then the whole pipeline, restored rather than run.
@@ -87,14 +87,14 @@ def test_two_machines_push_experiments_and_a_third_pulls_them_and_compares(tmp_p
     out = repro.stdout + repro.stderr
     print(out)
     for v in TRAINED.values():
-        assert f"Stage 'train@{v}' is cached - skipping run, checking out outputs" in out, out
-        assert f"Stage 'evaluate@{v}' is cached - skipping run, checking out outputs" in out, out
+        assert f"Stage 'train@{v}-0' is cached - skipping run, checking out outputs" in out, out
+        assert f"Stage 'evaluate@{v}-0' is cached - skipping run, checking out outputs" in out, out
     assert "Running stage 'train@" not in out and "Running stage 'evaluate@" not in out, out
     assert "Running stage 'compare'" in out
     table = json.loads((third / "metrics" / "compare.json").read_text())
     rows = table["variants"]
     assert list(rows) == list(VARIANTS)
     for name, v in TRAINED.items():  # the two trained results, as their machines measured them
-        measured = json.loads((tmp_path / name / "metrics" / "train" / f"{v}.json").read_text())
+        measured = json.loads((tmp_path / name / "metrics" / "train" / "seed0" / f"{v}.json").read_text())
         assert rows[v]["images_per_second"] == measured["images_per_second"]
     assert rows["ddp-fp32"]["world_size"] == 2

@@ -53,7 +53,7 @@ def test_a_signal_mid_epoch_checkpoints_at_the_step_and_the_next_run_resumes_to_
         assert (ckpt["state"]["epoch"], done) == (1, 3) and "at epoch 2, step 3;" in last
     else:  # the ranks agree every preemption.AGREE_EVERY_STEPS steps: at step 4, or a later one
         assert ckpt["state"]["epoch"] == 1 and 3 <= done < 16 and done % 4 == 0, done
-    assert not (stopped / "models" / f"{variant}.pt").exists()
+    assert not (stopped / "models" / "seed0" / f"{variant}.pt").exists()
     assert [e for e, *_ in per_epoch(whole, variant)][:1] == ["1"]
 
     again = _train(stopped, parallel)

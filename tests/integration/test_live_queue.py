@@ -35,7 +35,7 @@ def running_metrics(exp_show: list, variant: str) -> list[dict]:
             if (exp_range.get("executor") or {}).get("state") != "running":
                 continue
             for exp in exp_range["revs"]:
-                metrics = ((exp.get("data") or {}).get("metrics") or {}).get(f"metrics/train/{variant}.json")
+                metrics = ((exp.get("data") or {}).get("metrics") or {}).get(f"metrics/train/seed0/{variant}.json")
                 if metrics and "data" in metrics:  # the other variant's run has an error here: no such file
                     found.append(metrics["data"])
     return found
@@ -64,7 +64,7 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
         env = {**GIT_ENV, **gate_env}
         try:
             for variant in VARIANTS:
-                run(["dvc", "exp", "run", "--queue", "-n", f"live-{variant}", f"train@{variant}"], tiny_repo, env=env)
+                run(["dvc", "exp", "run", "--queue", "-n", f"live-{variant}", f"train@{variant}-0"], tiny_repo, env=env)
             # its workers outlive it: their output goes to a file, or run() would wait for them
             with open(tiny_repo.parent / "queue-start.log", "w") as out:
                 subprocess.run(["dvc", "queue", "start", "-j", "2"], cwd=tiny_repo, stdout=out, stderr=subprocess.STDOUT,
@@ -94,14 +94,14 @@ def test_queued_runs_show_each_epoch_and_keep_their_tensorboard_runs(tiny_repo):
     assert status.count("Success") == len(VARIANTS), status
 
     # The queue's temporary workspaces are gone; the workspace's dvc repro restores, trains nothing.
-    restored = run(["dvc", "repro", *(f"train@{v}" for v in VARIANTS)], tiny_repo).stdout
+    restored = run(["dvc", "repro", *(f"train@{v}-0" for v in VARIANTS)], tiny_repo).stdout
     assert "Running stage 'train@" not in restored, restored
     for variant in VARIANTS:
-        acc = EventAccumulator(str(tiny_repo / "tensorboard" / variant))
+        acc = EventAccumulator(str(tiny_repo / "tensorboard" / "seed0" / variant))
         acc.Reload()
         assert [e.step for e in acc.Scalars("epoch/train_loss")] == list(range(1, EPOCHS + 1)), variant
         assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1)), variant
-        final = json.loads((tiny_repo / "metrics" / "train" / f"{variant}.json").read_text())
+        final = json.loads((tiny_repo / "metrics" / "train" / "seed0" / f"{variant}.json").read_text())
         assert final["epochs"] == EPOCHS and "images_per_second" in final  # the whole set, not the progress
 
 
@@ -139,7 +139,7 @@ def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(
     try:
         with epoch_gate(timeout=600) as (gate_env, server):
             env = {**GIT_ENV, **gate_env}
-            run(["dvc", "exp", "run", "--queue", "-n", "stopped", "train@single-fp32"], tiny_repo, env=env)
+            run(["dvc", "exp", "run", "--queue", "-n", "stopped", "train@single-fp32-0"], tiny_repo, env=env)
             queue_start(tiny_repo, env, "queue-stopped.log")
             conn, _addr = server.accept()  # its first epoch and checkpoint are done; it waits
             with conn:
@@ -154,7 +154,7 @@ def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(
         saved = checkpoint_file(tiny_repo, "single-fp32")
         assert checkpoint.load(saved)["state"]["epoch"] == 1  # in the repository, not the gone workspace
 
-        run(["dvc", "exp", "run", "--queue", "-n", "again", "train@single-fp32"], tiny_repo, env=GIT_ENV)
+        run(["dvc", "exp", "run", "--queue", "-n", "again", "train@single-fp32-0"], tiny_repo, env=GIT_ENV)
         queue_start(tiny_repo, GIT_ENV, "queue-again.log")
         status = task_status(tiny_repo, "again", GIT_ENV, timeout=600)  # (logs -f refuses a task not yet started)
         again = run(["dvc", "queue", "logs", "again"], tiny_repo, env=GIT_ENV).stdout
@@ -166,5 +166,5 @@ def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(
     shown = exp_show(tiny_repo, GIT_ENV)
     (finished,) = [exp["data"] for baseline in shown for exp_range in baseline.get("experiments") or []
                    for exp in exp_range["revs"] if exp.get("name") == "again"]
-    assert finished["metrics"]["metrics/train/single-fp32.json"]["data"]["epochs"] == 3
+    assert finished["metrics"]["metrics/train/seed0/single-fp32.json"]["data"]["epochs"] == 3
     assert not (tiny_repo / "checkpoints" / "single-fp32").exists()  # finished: its checkpoint is gone

@@ -17,17 +17,17 @@ def make(repo, *args):
 
 def test_train_target_runs_only_when_something_changed_and_force_trains_again(tiny_repo):
     first = make(tiny_repo, "train-single-fp32")
-    assert stages_run(first.stdout) == ["download", "train@single-fp32"], first.stdout
+    assert stages_run(first.stdout) == ["download", "train@single-fp32-0"], first.stdout
 
     again = make(tiny_repo, "train-single-fp32")
     assert stages_run(again.stdout) == [], again.stdout
 
     forced = make(tiny_repo, "train-single-fp32", "FORCE=1")
-    assert stages_run(forced.stdout) == ["train@single-fp32"], forced.stdout  # the data set is kept
+    assert stages_run(forced.stdout) == ["train@single-fp32-0"], forced.stdout  # the data set is kept
 
     set_params(tiny_repo, {"train": {"lr": 5e-3}})  # a key the stage reads
     changed = make(tiny_repo, "train-single-fp32")
-    assert stages_run(changed.stdout) == ["train@single-fp32"], changed.stdout
+    assert stages_run(changed.stdout) == ["train@single-fp32-0"], changed.stdout
 
 
 def test_an_unknown_variant_is_one_line_naming_the_valid_ones(tiny_repo):
@@ -53,30 +53,30 @@ def test_make_fast_runs_the_recipe_as_an_experiment_and_leaves_the_workspace_alo
     with the real recipe's shape; its keys are what the real one is made of (tests/unit/test_config.py
     checks the real recipe's values)."""
     (tiny_repo / "recipes" / "fast.yaml").write_text(
-        "data:\n  augment: true\ntrain:\n  epochs: 2\n  seed: 7\n  scheduler: onecycle\n  cycle_momentum: false\n"
+        "data:\n  augment: true\ntrain:\n  epochs: 2\n  scheduler: onecycle\n  cycle_momentum: false\n"
         "  cuda_graphs: true\nrun:\n  checkpoint_every: 100\nevaluate:\n  flip_tta: true\n")
     params, status = (tiny_repo / "params.yaml").read_bytes(), run(["git", "status", "--porcelain"], tiny_repo).stdout
-    out = make(tiny_repo, "fast").stdout
-    assert stages_run(out) == ["download", "evaluate@single-bf16", "train@single-bf16"], out
+    out = make(tiny_repo, "fast", "SEED=7").stdout
+    assert stages_run(out) == ["download", "evaluate@single-bf16-7", "train@single-bf16-7"], out
     assert (tiny_repo / "params.yaml").read_bytes() == params
     assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status  # dvc.lock, outputs: all as they were
-    assert not (tiny_repo / "models" / "single-bf16.pt").exists()  # a temporary workspace's
+    assert not (tiny_repo / "models" / "seed7" / "single-bf16.pt").exists()  # a temporary workspace's
     header, exp = _experiments(out)[0], _experiments(out)[-1]
-    assert header == ["experiment", "created", "train.epochs", "train.seed", "train s", "images/s", "test acc"]
+    assert header == ["experiment", "created", "train.epochs", "compare.seeds", "train s", "images/s", "test acc"]
     figures = dict(zip(header, exp))  # the evaluation's accuracy (flip TTA), not train's
-    assert exp[0].startswith("└─ ") and (figures["train.epochs"], figures["train.seed"]) == ("2", "7"), exp
+    assert exp[0].startswith("└─ ") and (figures["train.epochs"], figures["compare.seeds"]) == ("2", "[7]"), exp
     assert 0 <= float(figures["test acc"]) <= 1
     assert float(figures["images/s"].replace(",", "")) > 0 and float(figures["train s"]) > 0
     assert max(map(len, out.splitlines()[-len(_experiments(out)):])) <= 120
 
     # the same again: DVC restores both stages from its run cache, so nothing is measured; a new seed measures
-    cached = make(tiny_repo, "fast").stdout
+    cached = make(tiny_repo, "fast", "SEED=7").stdout
     assert stages_run(cached) == [], cached
-    assert "Stage 'train@single-bf16' is cached - skipping run" in cached, cached
+    assert "Stage 'train@single-bf16-7' is cached - skipping run" in cached, cached
     seeded = make(tiny_repo, "fast", "SEED=8").stdout
-    assert stages_run(seeded) == ["evaluate@single-bf16", "train@single-bf16"], seeded  # the data set as it was
+    assert stages_run(seeded) == ["evaluate@single-bf16-8", "train@single-bf16-8"], seeded  # the data set as it was
     seeds = sorted(row[3] for row in _experiments(seeded) if row[0].startswith(("├─ ", "└─ ")))
-    assert seeds == ["7", "7", "8"], seeds  # the first experiment, its restored copy, the new seed's
+    assert seeds == ["[7]", "[7]", "[8]"], seeds  # the first experiment, its restored copy, the new seed's
     assert (tiny_repo / "params.yaml").read_bytes() == params
     assert run(["git", "status", "--porcelain"], tiny_repo).stdout == status
 

@@ -28,12 +28,12 @@ def test_your_own_model_trains_and_evaluates_through_dvc_and_its_file_is_a_dep(t
     deps = "    deps:\n      - data/dataset.pt\n"
     assert dvc_yaml.count(deps) == 2  # train's and evaluate's
     (tiny_repo / "dvc.yaml").write_text(dvc_yaml.replace(deps, deps + "      - nets/small.py\n"))
-    out = run(["dvc", "repro", "evaluate@single-fp32"], tiny_repo, timeout=900).stdout
-    assert "Running stage 'train@single-fp32'" in out and "Running stage 'evaluate@single-fp32'" in out, out
-    ev = json.loads((tiny_repo / "metrics" / "eval" / "single-fp32.json").read_text())
+    out = run(["dvc", "repro", "evaluate@single-fp32-0"], tiny_repo, timeout=900).stdout
+    assert "Running stage 'train@single-fp32-0'" in out and "Running stage 'evaluate@single-fp32-0'" in out, out
+    ev = json.loads((tiny_repo / "metrics" / "eval" / "seed0" / "single-fp32.json").read_text())
     assert ev["test_images"] == 50 and 0 <= ev["test_accuracy"] <= 1
 
     with open(tiny_repo / "nets" / "small.py", "a") as f:
         f.write("# edited\n")
-    stale = json.loads(run(["dvc", "status", "--json", "train@single-fp32", "evaluate@single-fp32"], tiny_repo).stdout)
-    assert sorted(stale) == ["evaluate@single-fp32", "train@single-fp32"], stale
+    stale = json.loads(run(["dvc", "status", "--json", "train@single-fp32-0", "evaluate@single-fp32-0"], tiny_repo).stdout)
+    assert sorted(stale) == ["evaluate@single-fp32-0", "train@single-fp32-0"], stale

@@ -26,12 +26,14 @@ pytestmark = pytest.mark.slow
 
 STAGES = ("download", "train", "evaluate", "compare")
 REPO = Path(__file__).parents[2]
+SEED = 7  # the runs' seed, not the default 0: a stage that ran another seed's would show
 # params.yaml, tiny, with values unlike the defaults wherever a stage might read a key it does not
 # list, so that reading one shows.
 FULL = yaml.safe_load((REPO / "params.yaml").read_text())
 for section, values in {**TINY, "data": {**TINY["data"], "synthetic_train_size": 64, "synthetic_seed": 3,
                                          "augment": True},
-                        "train": {**TINY["train"], "device": "cpu", "nproc": 1, "epochs": 2, "seed": 7,
+                        "compare": {"seeds": [SEED]},
+                        "train": {**TINY["train"], "device": "cpu", "nproc": 1, "epochs": 2,
                                   "weight_decay": 0.05}}.items():
     FULL[section].update(values)
 FULL["run"].update(max_restarts=1)
@@ -44,8 +46,7 @@ def result_key(key: str) -> bool:
 
 
 def every_key() -> list[str]:
-    return [f"{s.name}.{f.name}" for s in dataclasses.fields(config.Params)
-            for f in dataclasses.fields(s.default_factory)]
+    return [f"{s.name}.{k}" for s in dataclasses.fields(config.Params) for k in config.params_keys(s.default_factory)]
 
 
 def listed(stage: str) -> set[str]:
@@ -86,7 +87,8 @@ def free_port() -> int:
 
 
 def variant_argv(stage: str, parallel_name: str) -> list[str]:
-    return [stage, "--parallel", parallel_name, "--precision", "fp32"]
+    """The stage's command as dvc.yaml's matrix writes it, --seed included."""
+    return [stage, "--parallel", parallel_name, "--precision", "fp32", "--seed", str(SEED)]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def full_run(tmp_path_factory):
                 stage(name, variant_argv(name, parallel_name))
             stage(name, variant_argv(name, "ddp"), {**torchrun, "MASTER_PORT": str(free_port())})  # a worker
         for variant in VARIANTS:  # compare reads all twelve: the single-fp32 figures stand in for the rest
-            layout = Layout(root)
+            layout = Layout(root, SEED)
             for path in (layout.train_metrics, layout.eval_metrics, layout.train_diagnostics, layout.eval_diagnostics):
                 if variant != BASELINE:
                     shutil.copy(path(BASELINE), path(variant))
@@ -136,10 +138,10 @@ def test_changing_any_key_makes_dvc_rerun_exactly_the_stages_that_read_it(full_r
     from dvc.repo import Repo
 
     _, reads = full_run
-    assert reads["train"] and reads["evaluate"] and reads["download"] and reads["compare"] == set()
+    assert reads["train"] and reads["evaluate"] and reads["download"] and reads["compare"] == {"compare.seeds"}
     repo = copy_repo(tmp_path / "repo")
     set_params(repo, FULL)
-    layout = Layout(repo)  # stand-in outputs: `dvc commit` records them and the params, nothing runs
+    layout = Layout(repo, SEED)  # stand-in outputs: `dvc commit` records them and the params, nothing runs
     outs = [layout.dataset, layout.compare_json, layout.compare_md, layout.compare_plot]
     for v in VARIANTS:
         outs += [layout.model(v), layout.train_metrics(v), layout.train_diagnostics(v), layout.train_plot(v),
@@ -157,15 +159,20 @@ def test_changing_any_key_makes_dvc_rerun_exactly_the_stages_that_read_it(full_r
         section, name = key.split(".")
         value = getattr(getattr(config.from_dict(FULL), section), name)
         changed = (not value if isinstance(value, bool) else 1 if value is None else
-                   value + "x" if isinstance(value, str) else value * 2 + 1)
+                   value + "x" if isinstance(value, str) else value + [SEED + 1] if isinstance(value, list)
+                   else value * 2 + 1)
         set_params(repo, {section: {name: changed}})
         with Repo(str(repo)) as dvc:
             names = [stage.rsplit(":", 1)[-1] for stage in dvc.status()]
         (repo / "params.yaml").write_text(original)
-        stages = {n.split("@")[0] for n in names}
+        added = [n for n in names if n.endswith(f"-{SEED + 1}")]  # a seed added to compare.seeds: its stages
+        if added:
+            assert key == "compare.seeds" and sorted(added) == sorted(
+                f"{s}@{v}-{SEED + 1}" for s in ("train", "evaluate") for v in VARIANTS), (key, names)
+        stages = {n.split("@")[0] for n in names if n not in added}  # and of the others, those that read the key
         for matrix_stage in stages & {"train", "evaluate"}:  # every variant of a stage, or none
             assert sorted(n for n in names if n.startswith(f"{matrix_stage}@")) == sorted(
-                f"{matrix_stage}@{v}" for v in VARIANTS), (key, names)
+                f"{matrix_stage}@{v}-{SEED}" for v in VARIANTS), (key, names)
         rerun[key] = stages
         readers = {stage for stage in STAGES if key in reads[stage]}
         if result_key(key) and stages != readers:
@@ -204,9 +211,9 @@ def test_each_stage_does_the_same_with_only_the_keys_it_lists(full_run, tmp_path
     a, b = torch.load(full / "data" / "dataset.pt"), torch.load(tmp_path / "data" / "dataset.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k]
                                         for k in a)
-    a, b = (torch.load(root / "models" / f"{BASELINE}.pt", weights_only=True)["model"] for root in (full, tmp_path))
+    a, b = (torch.load(Layout(root, SEED).model(BASELINE), weights_only=True)["model"] for root in (full, tmp_path))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    layout, reduced = Layout(full), Layout(tmp_path)
+    layout, reduced = Layout(full, SEED), Layout(tmp_path, SEED)
     untimed = lambda m: {k: v for k, v in m.items() if "seconds" not in k and "memory" not in k  # noqa: E731
                          and k != "images_per_second"}
     for metrics in (Layout.train_metrics, Layout.eval_metrics):  # the headline figures; the diagnostics
@@ -216,7 +223,7 @@ def test_each_stage_does_the_same_with_only_the_keys_it_lists(full_run, tmp_path
     assert (json.loads(layout.train_diagnostics(BASELINE).read_text())["checkpoints_written"],
             json.loads(reduced.train_diagnostics(BASELINE).read_text())["checkpoints_written"]) == (1, 0)
 
-    (tmp_path / "params.yaml").unlink()  # compare lists no key: it runs with no params.yaml at all
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_reduced("compare")))  # compare.seeds alone
     for variant in VARIANTS:  # the full run's metrics, so the two tables can be compared
         for path in (Layout.train_metrics, Layout.eval_metrics, Layout.train_diagnostics, Layout.eval_diagnostics):
             shutil.copy(path(layout, variant), path(reduced, variant))

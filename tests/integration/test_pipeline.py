@@ -41,7 +41,7 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
 
     for variant in VARIANTS:
         for stage, headline in (("train", TRAIN_HEADLINE), ("eval", EVAL_HEADLINE)):  # the rest: diagnostics
-            assert list(json.loads((demo / "metrics" / stage / f"{variant}.json").read_text())) == list(headline)
+            assert list(json.loads((demo / "metrics" / stage / "seed0" / f"{variant}.json").read_text())) == list(headline)
         train = record(demo, variant)
         assert train["variant"] == variant and train["epochs"] == 1
         assert train["peak_memory_mb"] > 0
@@ -54,16 +54,16 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
         ev = record(demo, variant, "evaluate")
         assert ev["test_images"] == 50 and 0 <= ev["test_accuracy"] <= 1
         assert sum(map(sum, ev["confusion_matrix"])) == 50
-        confusion_rows = (demo / "plots" / "confusion" / f"{variant}.csv").read_text().splitlines()
+        confusion_rows = (demo / "plots" / "confusion" / "seed0" / f"{variant}.csv").read_text().splitlines()
         assert len(confusion_rows) == 1 + 50
-        assert (demo / "models" / f"{variant}.pt").is_file()
-        assert list((demo / "tensorboard" / variant).glob("events.out.tfevents.*"))
+        assert (demo / "models" / "seed0" / f"{variant}.pt").is_file()
+        assert list((demo / "tensorboard" / "seed0" / variant).glob("events.out.tfevents.*"))
 
     # each row against its own train and eval metrics files (the arithmetic by hand: test_compare)
     table = json.loads((demo / "metrics" / "compare.json").read_text())
     assert list(table["variants"]) == list(VARIANTS)
-    files = {v: (json.loads((demo / "metrics" / "train" / f"{v}.json").read_text()),
-                 json.loads((demo / "metrics" / "eval" / f"{v}.json").read_text())) for v in VARIANTS}
+    files = {v: (json.loads((demo / "metrics" / "train" / "seed0" / f"{v}.json").read_text()),
+                 json.loads((demo / "metrics" / "eval" / "seed0" / f"{v}.json").read_text())) for v in VARIANTS}
     base_train, base_eval = files["single-fp32"]
     for variant, row in table["variants"].items():
         train, ev = files[variant]
@@ -110,19 +110,19 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
     edited = re.sub(r"(?m)^  lr: 0\.001 ", "  lr: 0.005 ", params)
     assert edited != params
     (demo / "params.yaml").write_text(edited)
-    assert stale() == sorted(f"train@{v}" for v in VARIANTS)
+    assert stale() == sorted(f"train@{v}-0" for v in VARIANTS)
     show = ["make", "-s", "--eval", "where: ; @python -c 'import fasttrain; print(fasttrain.__file__)'", "where"]
     assert run(show, demo).stdout.strip() == str(demo / "src" / "fasttrain" / "__init__.py")
     one = run(["make", "train-ddp-amp"], demo, timeout=1800)  # no -o: the linked environment counts as set up
-    assert stages_run(one.stdout) == ["train@ddp-amp"], one.stdout
+    assert stages_run(one.stdout) == ["train@ddp-amp-0"], one.stdout
     assert (demo / ".venv").is_symlink() and "pip" not in one.stdout + one.stderr
     rest = run(["make", "repro"], demo, timeout=1800)
-    assert stages_run(rest.stdout) == sorted(["compare", *(f"evaluate@{v}" for v in VARIANTS),
-                                              *(f"train@{v}" for v in VARIANTS if v != "ddp-amp")]), rest.stdout
+    assert stages_run(rest.stdout) == sorted(["compare", *(f"evaluate@{v}-0" for v in VARIANTS),
+                                              *(f"train@{v}-0" for v in VARIANTS if v != "ddp-amp")]), rest.stdout
 
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], demo).stdout)
     for variant in VARIANTS:  # every variant trained again with the new lr
-        changed = diff[f"metrics/train/{variant}.json"]
+        changed = diff[f"metrics/train/seed0/{variant}.json"]
         assert changed["train_loss"]["diff"] != 0
         assert set(changed) <= set(TRAIN_HEADLINE), changed  # headline figures only: no phases, no lists
     speedups = {k for k in diff["metrics/compare.json"] if k.endswith(".speedup")}
@@ -153,7 +153,7 @@ def assert_each_module_edit_makes_its_stages_stale(repo):
     from dvc.repo import Repo
 
     stages = {"download": ["download"], "compare": ["compare"],
-              "train": [f"train@{v}" for v in VARIANTS], "evaluate": [f"evaluate@{v}" for v in VARIANTS]}
+              "train": [f"train@{v}-0" for v in VARIANTS], "evaluate": [f"evaluate@{v}-0" for v in VARIANTS]}
     runs = {command: command_modules(command) for command in stages}
     for module in package_modules():
         path = repo / module_file(module).relative_to(PACKAGE.parents[1])
@@ -181,5 +181,5 @@ def test_single_fp32_learns_the_synthetic_set(tiny_repo):
     for command in (["download"], ["train", "--parallel", "single", "--precision", "fp32"],
                     ["evaluate", "--parallel", "single", "--precision", "fp32"]):
         run(["fasttrain", *command], tiny_repo)
-    ev = json.loads((tiny_repo / "metrics" / "eval" / "single-fp32.json").read_text())
+    ev = json.loads((tiny_repo / "metrics" / "eval" / "seed0" / "single-fp32.json").read_text())
     assert ev["test_images"] == 100 and ev["test_accuracy"] >= 0.2  # twice chance

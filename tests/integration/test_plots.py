@@ -94,12 +94,12 @@ def test_plots_page_shows_every_variant_in_every_chart(tiny_repo, tmp_path):
                     low, x, high = (float(row[k]) for k in (f"{plot_id}_low", plot_id, f"{plot_id}_high"))
                     assert low < x < high, (plot_id, row)
     for variant in VARIANTS:
-        spec = specs[f"plots_train_{variant}_csv"]
-        assert spec["title"]["text"] == f"Images/s by epoch, {variant}"
+        spec = specs[f"plots_train_seed0_{variant}_csv"]
+        assert spec["title"]["text"] == f"Images/s by epoch, {variant}, seed 0"
         assert [row["epoch"] for row in spec["data"]["values"]] == ["1", "2", "3"]
-        spec = specs[f"plots_confusion_{variant}_csv"]
-        assert spec["title"]["text"] == f"Confusion matrix, {variant} (test set)"
-        rows = (tiny_repo / "plots" / "confusion" / f"{variant}.csv").read_text().splitlines()[1:]
+        spec = specs[f"plots_confusion_seed0_{variant}_csv"]
+        assert spec["title"]["text"] == f"Confusion matrix, {variant}, seed 0 (test set)"
+        rows = (tiny_repo / "plots" / "confusion" / "seed0" / f"{variant}.csv").read_text().splitlines()[1:]
         assert len(spec["data"]["values"]) == len(rows)  # one row per test image
 
 

@@ -84,7 +84,9 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path, monkeypatch)
                                                  "progressive_epochs": 1, "progressive_size": 20, "compile": True}})
     first = tmp_path / "first"
     save_dataset(make_synthetic(80, 10, 32, 0), Layout(first).dataset)
-    (first / "params.yaml").write_text(yaml.safe_dump(config.to_dict(params)))
+    raw = config.to_dict(params)
+    raw["train"].pop("seed")  # the run's, given as --seed, not a params.yaml key
+    (first / "params.yaml").write_text(yaml.safe_dump(raw))
     proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", "--parallel", "single", "--precision", "fp32"],
                           cwd=first, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -101,7 +103,7 @@ def test_compile_warms_up_both_sizes_so_no_epoch_compiles(tmp_path, monkeypatch)
 
     again = Layout(tmp_path / "again")
     save_dataset(make_synthetic(80, 10, 32, 0), again.dataset)
-    seeded = config.from_dict({**config.to_dict(params), "train": {**config.to_dict(params)["train"], "seed": 1}})
+    seeded = params.for_seed(1)
     graphs = {}
 
     def log(msg):

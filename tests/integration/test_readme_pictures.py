@@ -74,7 +74,7 @@ def test_partial_draws_a_stopped_runs_curves_and_names_what_is_missing(tiny_repo
     made = [v for v in VARIANTS if v.startswith("single-")]
     for variant in VARIANTS:
         if variant not in made:
-            (tiny_repo / "plots" / "train" / f"{variant}.csv").unlink()
+            (tiny_repo / "plots" / "train" / "seed0" / f"{variant}.csv").unlink()
     out = tmp_path / "pictures"
     args = [sys.executable, str(SCRIPT), str(tiny_repo), str(out), "--plot", "test_accuracy_by_epoch"]
 
@@ -84,7 +84,7 @@ def test_partial_draws_a_stopped_runs_curves_and_names_what_is_missing(tiny_repo
 
     drawn = run([*args, "--partial"], REPO)
     assert drawn.stdout.split() == [str(out / "test_accuracy_by_epoch.png")]
-    assert "8 plot file(s) missing, drawn without them: plots/train/ddp-amp.csv" in drawn.stderr
+    assert "8 plot file(s) missing, drawn without them: plots/train/seed0/ddp-amp.csv" in drawn.stderr
     png_size((out / "test_accuracy_by_epoch.png").read_bytes())
     spec = load_script().vega_lite_specs(tiny_repo, ["test_accuracy_by_epoch"], partial=True)
     assert variants_in(spec["test_accuracy_by_epoch"], "filename") == set(made)

@@ -69,7 +69,7 @@ def sigint_as_a_terminal_gives_it() -> None:
 
 
 def final_model(repo: Path, variant: str) -> dict:
-    return torch.load(repo / "models" / f"{variant}.pt", weights_only=True)["model"]
+    return torch.load(repo / "models" / "seed0" / f"{variant}.pt", weights_only=True)["model"]
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -80,7 +80,7 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 def per_epoch(repo: Path, variant: str) -> list[tuple[str, str, str]]:
     """The per-epoch table without its timings: epoch, loss, accuracy, lr."""
-    with open(repo / "plots" / "train" / f"{variant}.csv") as f:
+    with open(repo / "plots" / "train" / "seed0" / f"{variant}.csv") as f:
         return [(r["epoch"], r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
 
 
@@ -120,7 +120,7 @@ def test_sigkill_mid_epoch_then_train_again_resumes_to_the_uninterrupted_result(
     assert proc.returncode == SIGKILLED, proc.stderr[-2000:]
     ckpt = checkpoint_file(killed, "single-fp32")
     done = checkpoint.load(ckpt)["state"]["epoch"]
-    assert done == 1 and not (killed / "models" / "single-fp32.pt").exists()
+    assert done == 1 and not (killed / "models" / "seed0" / "single-fp32.pt").exists()
 
     again = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], killed)
     assert re.search(f"{resuming_from('single-fp32')} after epoch {done}", again.stderr), again.stderr
@@ -392,8 +392,8 @@ def test_ddp_worker_that_dies_every_time_fails_the_run_once_restarts_are_used_up
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("fasttrain: error: ddp worker rank 1 failed") and "after 1 restart(s)" in last, last
     assert "failed (exitcode" not in failed.stderr and "closing signal" not in failed.stderr  # the one line says it
-    assert not (repo / "models" / "ddp-fp32.pt").exists()
-    assert not (repo / "metrics" / "train" / "ddp-fp32.json").exists()
+    assert not (repo / "models" / "seed0" / "ddp-fp32.pt").exists()
+    assert not (repo / "metrics" / "train" / "seed0" / "ddp-fp32.json").exists()
 
 
 # --- 4. Ctrl-C during `dvc repro`, then `dvc repro` again ------------------------------------------
@@ -410,7 +410,7 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
         # SIGINT too and dies of it, and the stage reads "exited with -2" whatever fasttrain did.
         gated = {**env(), **gate_env, "SHELL": shutil.which("bash")}
         # A new session, so the SIGINT goes to dvc and its stage command together, as Ctrl-C would.
-        proc = subprocess.Popen(["dvc", "repro", "train@single-fp32"], cwd=repo, env=gated, start_new_session=True,
+        proc = subprocess.Popen(["dvc", "repro", "train@single-fp32-0"], cwd=repo, env=gated, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=sigint_as_a_terminal_gives_it)
         conn, _ = server.accept()  # the first epoch has ended and fasttrain waits here
@@ -420,13 +420,13 @@ def test_sigint_during_dvc_repro_then_dvc_repro_again_completes(tmp_path):
             out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
     assert "fasttrain: aborted" in out and "exited with 130" in out, out  # fasttrain itself got the Ctrl-C
-    assert not (repo / "models" / "single-fp32.pt").exists()
+    assert not (repo / "models" / "seed0" / "single-fp32.pt").exists()
 
-    again = run(["dvc", "repro", "train@single-fp32"], repo)
+    again = run(["dvc", "repro", "train@single-fp32-0"], repo)
     output = again.stdout + again.stderr
     assert re.search(resuming_from("single-fp32"), output), output
     assert train_metrics(repo, "single-fp32")["epochs"] == 3
-    assert "Running stage" not in run(["dvc", "repro", "train@single-fp32"], repo).stdout
+    assert "Running stage" not in run(["dvc", "repro", "train@single-fp32-0"], repo).stdout
 
 
 @pytest.mark.slow
@@ -516,7 +516,7 @@ def test_ddp_evaluation_is_identical_at_world_sizes_1_2_and_3(tmp_path):
                                             "evaluate": {"batch_size": 8}})
     run(["fasttrain", "download"], repo)
     run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], repo)
-    shutil.copy(repo / "models" / "single-fp32.pt", repo / "models" / "ddp-fp32.pt")
+    shutil.copy(repo / "models" / "seed0" / "single-fp32.pt", repo / "models" / "seed0" / "ddp-fp32.pt")
 
     run(["fasttrain", "evaluate", "--parallel", "single", "--precision", "fp32"], repo)
     results = {1: record(repo, "single-fp32", "evaluate")}

@@ -41,6 +41,12 @@ def _reference_tree(dest):
     return dest / "src"
 
 
+def _written(folder, *parts):
+    """An output as this tree lays it out (seed 0's runs under seed0/) or as the reference did (no seed folder)."""
+    seeded = folder.joinpath(*parts[:-1], "seed0", parts[-1])
+    return seeded if seeded.exists() else folder.joinpath(*parts)
+
+
 def _train(folder, src) -> dict:
     """Each variant's weights, curve and headline metrics, trained by the fasttrain in `src`."""
     folder.mkdir()
@@ -52,10 +58,10 @@ def _train(folder, src) -> dict:
     for variant in VARIANTS:
         parallel, precision = variant.split("-")
         run([*python, "train", "--parallel", parallel, "--precision", precision], folder, env=env, timeout=600)
-        with open(folder / "plots" / "train" / f"{variant}.csv") as f:
+        with open(_written(folder, "plots", "train", f"{variant}.csv")) as f:
             curve = [(r["train_loss"], r["test_accuracy"], r["lr"], r["max_grad_norm"]) for r in csv.DictReader(f)]
-        metrics = json.loads((folder / "metrics" / "train" / f"{variant}.json").read_text())
-        out[variant] = (torch.load(folder / "models" / f"{variant}.pt", weights_only=True)["model"],
+        metrics = json.loads(_written(folder, "metrics", "train", f"{variant}.json").read_text())
+        out[variant] = (torch.load(_written(folder, "models", f"{variant}.pt"), weights_only=True)["model"],
                         curve, {k: metrics[k] for k in HEADLINE})
     return out
 

@@ -244,7 +244,7 @@ def repro_sh(repo, out, seconds, *args, variants, work, timeout=900):
                  if key != "source"]
     small = "-S train.epochs=1 -S train.progressive_epochs=0 -S train.batch_size=32 -S train.compile=false"
     env = {"FT_VARIANTS": " ".join(variants), "FT_FAST_EXTRA": small,
-           "FT_TARGETS": " ".join(f"evaluate@{v}" for v in variants)}
+           "FT_TARGETS": " ".join(f"evaluate@{v}-0" for v in variants)}
     return run(["bash", str(repo / "scripts" / "gpu" / "repro.sh"), "synthetic", str(work), str(out), str(seconds),
                 *args, *overrides],
                repo, timeout=timeout, check=False, env=env)
@@ -266,7 +266,7 @@ def test_repro_queue_trains_each_variant_once_and_dvc_repro_restores_them(tmp_pa
     assert "Running stage" not in log, log  # nothing trained twice
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {f"metrics/eval/{v}.json" for v in variants} <= names
+    assert {f"metrics/eval/seed0/{v}.json" for v in variants} <= names
 
 
 @pytest.mark.slow
@@ -288,8 +288,8 @@ def test_repro_queue_out_of_time_exits_75_and_the_same_call_again_finishes(tmp_p
     assert not (out / "queue.log").exists()  # nothing queued again
     log = (out / "repro.log").read_text()
     assert "dvc repro exit status 0" in again.stdout
-    assert all(f"stage 'evaluate@{v}'" in log.lower() for v in variants), log
+    assert all(f"stage 'evaluate@{v}-0'" in log.lower() for v in variants), log
     assert "Ran experiment(s)" in (out / "fast.log").read_text()
     with tarfile.open(out / "results.tar.gz") as tar:
         evals = {n for n in tar.getnames() if n.startswith("metrics/eval/")}
-    assert {f"metrics/eval/{v}.json" for v in variants} <= evals
+    assert {f"metrics/eval/seed0/{v}.json" for v in variants} <= evals

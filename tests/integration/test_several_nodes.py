@@ -90,7 +90,7 @@ def finish(procs: list[subprocess.Popen], tmp: Path, timeout: float = 600) -> li
 
 
 def model(repo: Path, variant: str = "ddp-fp32") -> dict:
-    return torch.load(repo / "models" / f"{variant}.pt", weights_only=True)["model"]
+    return torch.load(repo / "models" / "seed0" / f"{variant}.pt", weights_only=True)["model"]
 
 
 def assert_equal_models(a: dict, b: dict) -> None:
@@ -228,7 +228,7 @@ def test_node_1_killed_mid_epoch_ends_node_0_with_one_line_within_the_timeout(tm
     assert "Traceback" not in log, log
     errors = error_lines(log)
     assert errors and log.strip().splitlines()[-1] == errors[-1], log
-    assert not (repo / "models" / "ddp-fp32.pt").exists()
+    assert not (repo / "models" / "seed0" / "ddp-fp32.pt").exists()
 
 
 @pytest.mark.slow
@@ -267,4 +267,4 @@ def test_a_node_with_a_different_dataset_is_refused_on_every_rank(tmp_path):
         assert "Traceback" not in log, log
         worker_error = next(line for line in error_lines(log) if "is not the same on every node" in line)
         assert "data/dataset.pt" in worker_error and "rank(s) 0@" in worker_error and "rank(s) 1@" in worker_error
-    assert not any((r / "models" / "ddp-fp32.pt").exists() for r in repos)
+    assert not any((r / "models" / "seed0" / "ddp-fp32.pt").exists() for r in repos)

@@ -32,7 +32,7 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
         assert f"single-{precision}: epoch {EPOCHS}/{EPOCHS}" in out.stderr
         assert ("max grad norm" in out.stderr) == (precision == "amp")
 
-    mux = EventMultiplexer().AddRunsFromDirectory(str(tiny_repo / "tensorboard"))
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tiny_repo / "tensorboard" / "seed0"))  # the seed's runs
     mux.Reload()
     assert set(mux.Runs()) == {"single-fp32", "single-amp"}  # one run folder per variant
     for variant in ("single-fp32", "single-amp"):
@@ -62,12 +62,12 @@ def test_tensorboard_has_steps_epochs_and_hparams_of_each_variant_in_its_own_run
     assert [e.step for e in norms] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert all(0 < e.value < 1e3 for e in norms)
     assert "train/grad_norm" not in mux.GetAccumulator("single-fp32").Tags()["scalars"]
-    with open(tiny_repo / "plots" / "train" / "single-amp.csv") as f:
+    with open(tiny_repo / "plots" / "train" / "seed0" / "single-amp.csv") as f:
         epochs = list(csv.DictReader(f))
     for epoch in range(EPOCHS):
         in_epoch = [e.value for e in norms][epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH]
         assert float(epochs[epoch]["max_grad_norm"]) == pytest.approx(max(in_epoch), rel=1e-3)
-    with open(tiny_repo / "plots" / "train" / "single-fp32.csv") as f:
+    with open(tiny_repo / "plots" / "train" / "seed0" / "single-fp32.csv") as f:
         assert {r["max_grad_norm"] for r in csv.DictReader(f)} == {""}
 
 
@@ -79,11 +79,11 @@ def test_a_run_resumed_after_dvc_deleted_its_outputs_keeps_its_curves_from_the_s
     killed = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo, check=False,
                  env={"FASTTRAIN_FAULT_KILL_RANK_AT": "0:2:1"})  # SIGKILL at epoch 2's first step
     assert killed.returncode != 0 and "epoch 1/2" in killed.stderr
-    shutil.rmtree(tiny_repo / "tensorboard" / "single-fp32")  # as dvc repro does before the stage
+    shutil.rmtree(tiny_repo / "tensorboard" / "seed0" / "single-fp32")  # as dvc repro does before the stage
     again = run(["fasttrain", "train", "--parallel", "single", "--precision", "fp32"], tiny_repo)
     assert "resuming from" in again.stderr
 
-    acc = EventAccumulator(str(tiny_repo / "tensorboard" / "single-fp32"))
+    acc = EventAccumulator(str(tiny_repo / "tensorboard" / "seed0" / "single-fp32"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert [e.step for e in acc.Scalars("epoch/train_loss")] == list(range(1, EPOCHS + 1))

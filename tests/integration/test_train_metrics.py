@@ -20,8 +20,8 @@ from fasttrain.precision import PRECISIONS
 from fasttrain.train import train
 
 
-def _params(**train):
-    return config.from_dict({**TINY, "train": {**TINY["train"], "device": "cpu", **train}})
+def _params(seed: int = 0, **train):
+    return config.from_dict({**TINY, "train": {**TINY["train"], "device": "cpu", **train}}).for_seed(seed)
 
 
 def _layout(root) -> Layout:

@@ -30,9 +30,9 @@ def _train(tmp_path, parallels, **train) -> tuple[dict, dict, dict]:
     curves, weights, metrics = {}, {}, {}
     for parallel in parallels:
         run(["fasttrain", "train", "--parallel", parallel, "--precision", "fp32"], tmp_path, timeout=600)
-        with open(tmp_path / "plots" / "train" / f"{parallel}-fp32.csv") as f:
+        with open(tmp_path / "plots" / "train" / "seed0" / f"{parallel}-fp32.csv") as f:
             curves[parallel] = [(r["train_loss"], r["test_accuracy"], r["lr"]) for r in csv.DictReader(f)]
-        weights[parallel] = torch.load(tmp_path / "models" / f"{parallel}-fp32.pt", weights_only=True)["model"]
+        weights[parallel] = torch.load(tmp_path / "models" / "seed0" / f"{parallel}-fp32.pt", weights_only=True)["model"]
         metrics[parallel] = record(tmp_path, f"{parallel}-fp32")
     return curves, weights, metrics
 

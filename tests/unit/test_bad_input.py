@@ -39,6 +39,7 @@ TRAIN = ["train", "--parallel", "single", "--precision", "fp32"]
 TRAIN_DDP = ["train", "--parallel", "ddp", "--precision", "fp32"]
 EVALUATE = ["evaluate", "--parallel", "single", "--precision", "fp32"]
 DOWNLOAD = ["download"]
+MODEL = Path("models") / "seed0" / "single-fp32.pt"  # the first seed's run of the baseline
 
 
 class Evil:
@@ -139,6 +140,17 @@ CASES = {
     "lr zero": Case(TRAIN, "train.lr = 0.0 is out of range: must be a number > 0", {"train": {"lr": 0}}),
     "lr negative": Case(TRAIN, "train.lr = -0.001 is out of range", {"train": {"lr": -1e-3}}),
     "epochs zero": Case(TRAIN, "train.epochs = 0 is out of range: must be an integer >= 1", {"train": {"epochs": 0}}),
+    # the seeds: a list of distinct whole numbers, the run's own given by --seed
+    "no seeds": Case(TRAIN, "compare.seeds = [] is out of range: must be a list of distinct integers >= 0, at least one",
+                     {"compare": {"seeds": []}}),
+    "a seed twice": Case(EVALUATE, "compare.seeds = [1, 1] is out of range", {"compare": {"seeds": [1, 1]}}),
+    "seeds not a list": Case(TRAIN, "params compare.seeds must be a list of integers, got 3", {"compare": {"seeds": 3}}),
+    "a seed that is no whole number": Case(["compare"], "params compare.seeds must be a list of integers, got [0, 1.5]",
+                                           {"compare": {"seeds": [0, 1.5]}}),
+    "train.seed of an older params.yaml": Case(
+        TRAIN, "params key 'train.seed' is no more: the seeds are the list compare.seeds", {"train": {"seed": 3}}),
+    "negative --seed": Case([*TRAIN, "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0.",
+                            exit_code=2),
     "batch size zero": Case(TRAIN, "train.batch_size = 0 is out of range", {"train": {"batch_size": 0}}),
     "weight decay negative": Case(TRAIN, "train.weight_decay = -0.1 is out of range", {"train": {"weight_decay": -0.1}}),
     "plateau factor 1": Case(TRAIN, "train.plateau_factor = 1.0 is out of range: must be a number in (0, 1)",
@@ -237,14 +249,15 @@ CASES = {
     "data set that is not one": Case(EVALUATE, "not a prepared data set: data/dataset.pt",
                                      files=lambda root: _write(root / "data" / "dataset.pt", b"not a data set")),
     # checkpoints
-    "model that is not a checkpoint": Case(EVALUATE, "models/single-fp32.pt is not a readable checkpoint",
-                                           files=lambda root: _write(root / "models" / "single-fp32.pt", b"junk" * 99)),
+    "model that is not a checkpoint": Case(EVALUATE, "models/seed0/single-fp32.pt is not a readable checkpoint",
+                                           files=lambda root: _write(root / MODEL, b"junk" * 99)),
     "pickle that weights_only refuses": Case(
-        EVALUATE, "models/single-fp32.pt is refused by torch.load(weights_only=True)",
-        files=lambda root: _write(root / "models" / "single-fp32.pt", _torch_bytes({"model": Evil()}))),
-    "missing model": Case(EVALUATE, "models/single-fp32.pt not found: train the variant first (dvc repro "
-                                    "evaluate@single-fp32 trains and evaluates it; make train-single-fp32 trains it alone)",
-                          files=lambda root: (root / "models" / "single-fp32.pt").unlink()),
+        EVALUATE, "models/seed0/single-fp32.pt is refused by torch.load(weights_only=True)",
+        files=lambda root: _write(root / MODEL, _torch_bytes({"model": Evil()}))),
+    "missing model": Case(EVALUATE, "models/seed0/single-fp32.pt not found: train the variant first (dvc repro "
+                                    "evaluate@single-fp32-0 trains and evaluates it; make train-single-fp32 trains it "
+                                    "alone)", files=lambda root: (root / MODEL).unlink()),
+    "missing model of another seed": Case([*EVALUATE, "--seed", "4"], "models/seed4/single-fp32.pt not found"),
     "corrupt last checkpoint": Case(TRAIN, "last.pt is not a readable checkpoint",
                                     files=lambda root: _write(_own_checkpoint(root),
                                                               _torch_bytes(_training_checkpoint("x", 1, 2))[:200])),
@@ -264,8 +277,7 @@ CASES = {
         {"data": {"source": "http://127.0.0.1:9/cifar-10-python.tar.gz"}},  # (nothing listens on port 9)
         files=lambda root: (root / "data" / "raw").mkdir()),  # downloads go there; an empty one is kept
     "resume from a missing checkpoint": Case([*TRAIN, "--resume", "gone.pt"], "checkpoint not found: gone.pt"),
-    "resume from a final model": Case([*TRAIN, "--resume", "models/single-fp32.pt"],
-                                      "models/single-fp32.pt is not a training checkpoint"),
+    "resume from a final model": Case([*TRAIN, "--resume", str(MODEL)], f"{MODEL} is not a training checkpoint"),
     "resume from a finished run": Case(
         [*TRAIN, "--resume", "old.pt"], "old.pt is a finished run (2 of 2 epochs): nothing to resume",
         files=lambda root: _write(root / "old.pt", _torch_bytes(_training_checkpoint("?", 2, 2)))),
@@ -288,8 +300,8 @@ def _work_folder(root: Path, dataset: bytes, overrides: dict) -> None:
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _write(root / "data" / "dataset.pt", dataset)
     # Earlier outputs, which a failed run must leave exactly as they were.
-    _write(root / "models" / "single-fp32.pt", _torch_bytes({"model": {}, "config": {"train": {"epochs": 2}}}))
-    _write(root / "metrics" / "train" / "single-fp32.json", b'{"earlier": true}\n')
+    _write(root / MODEL, _torch_bytes({"model": {}, "config": {"train": {"epochs": 2}}}))
+    _write(root / "metrics" / "train" / "seed0" / "single-fp32.json", b'{"earlier": true}\n')
     (root / "in").mkdir()
 
 

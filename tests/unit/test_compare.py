@@ -151,8 +151,8 @@ def test_dvc_reads_every_figure_of_every_variant_as_a_metric(layout):
     words = {k: x for k, x in flat.items() if isinstance(x, str)}
     assert set(words.values()) <= {"faster", "slower", "no different", "the same", "lower", "higher", "baseline",
                                    "paired"}
-    # 20 figures a variant; the baseline 15, without its speed-up and accuracy change's ends and pairing
-    assert len(flat) == (len(VARIANTS) - 1) * 20 + 15 and all(isinstance(x, (int, float)) for k, x in flat.items() if k not in words)
+    # 21 figures a variant; the baseline 16, without its speed-up and accuracy change's ends and pairing
+    assert len(flat) == (len(VARIANTS) - 1) * 21 + 16 and all(isinstance(x, (int, float)) for k, x in flat.items() if k not in words)
 
 
 def test_per_image_results_of_different_test_sets_are_refused_in_one_line(layout):
@@ -160,3 +160,51 @@ def test_per_image_results_of_different_test_sets_are_refused_in_one_line(layout
     with pytest.raises(FasttrainError, match=r"^dp-amp and single-fp32 were evaluated on different test sets "
                                              r"\(399 and 400 images\)"):
         compare(layout)
+
+
+def _seed_run(layout: Layout, seed: int, accuracy: dict[str, float], speed: float = 1.0) -> None:
+    """Seed `seed`'s runs: each variant as MEASURED, its images/s times `speed`, its accuracy as given."""
+    seeded = layout.for_seed(seed)
+    for variant, (ips, _) in MEASURED.items():
+        for kind in ("train_metrics", "train_diagnostics", "eval_metrics", "eval_diagnostics"):
+            path = getattr(seeded, kind)(variant)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            obj = json.loads(getattr(layout, kind)(variant).read_text())
+            if kind == "train_metrics":
+                obj["images_per_second"] = ips * speed
+            if kind == "train_diagnostics":
+                obj["speed_samples"]["images_per_second"] = [ips * speed * f for f in SPREAD]
+            if kind == "eval_metrics":
+                obj["test_accuracy"] = accuracy.get(variant, MEASURED[variant][1])
+            if kind == "eval_diagnostics":
+                right = round(accuracy.get(variant, MEASURED[variant][1]) * IMAGES)
+                obj["correct"] = "1" * right + "0" * (IMAGES - right)
+            path.write_text(json.dumps(obj))
+
+
+def test_over_three_seeds_each_figure_is_their_mean_and_the_accuracy_change_covers_their_spread(layout):
+    """single-amp loses 1.25 points in seed 0 (as MEASURED), gains 1.25 in seed 1 and 0 in seed 2: its
+    mean change is 0, and however narrow each seed's paired interval, the interval over the seeds is
+    t(2) = 4.303 times their standard error, 4.303 * 1.25 / sqrt(3) = 3.105 points each way."""
+    _seed_run(layout, 1, {"single-amp": 0.5125}, speed=1.1)
+    _seed_run(layout, 2, {"single-amp": 0.50}, speed=0.9)
+    table = compare(layout, seeds=(0, 1, 2))
+    amp, base = table["variants"]["single-amp"], table["variants"]["single-fp32"]
+    assert table["seeds"] == [0, 1, 2] and amp["seeds"] == base["seeds"] == 3
+    assert amp["test_accuracy"] == 0.5 and amp["test_accuracy_spread"] == 0.0125
+    assert amp["images_per_second"] == 1500.0 and amp["speed_samples"] == 12  # the mean; every seed's epochs
+    assert (amp["accuracy_change"], amp["accuracy_interval"]) == (0.0, "paired")
+    assert (amp["accuracy_change_low"], amp["accuracy_change_high"]) == pytest.approx((-3.105, 3.105), abs=0.006)
+    assert amp["accuracy"] == "the same"
+    assert "test_accuracy_spread" not in compare(layout)["variants"]["single-amp"]  # one seed: no spread
+    markdown = to_markdown(table)
+    assert "| 0.5000 ± 0.0125 |" in markdown and "Over 3 seeds (0, 1, 2): each figure is the mean" in markdown
+    # speed over seeds: 1.1 and 0.9 of seed 0's scatter the baseline's samples as much as the variant's,
+    # so 1.5x stays 1.5x, its interval wider than one seed's
+    one = compare(layout)["variants"]["single-amp"]
+    assert amp["speedup"] == 1.5 and amp["speedup_low"] < one["speedup_low"] < 1.5 < one["speedup_high"] < amp["speedup_high"]
+
+
+def test_a_seed_without_its_runs_is_one_line_naming_the_file(layout):
+    with pytest.raises(FasttrainError, match=r"seed1/single-fp32.json not found; run the train and evaluate stages"):
+        compare(layout, seeds=(0, 1))

@@ -44,7 +44,7 @@ def test_every_param_a_doc_names_is_a_key_of_params_yaml(doc):
 
 
 def _dvc_outputs() -> dict[str, bool]:
-    """dvc.yaml's stage outputs, metrics and plots, variant paths as <variant>: path -> cached by DVC."""
+    """dvc.yaml's stage outputs, metrics and plots, variant paths as seed<N>/<variant>: path -> cached by DVC."""
     import yaml
 
     found = {}
@@ -52,7 +52,7 @@ def _dvc_outputs() -> dict[str, bool]:
         for kind in ("outs", "metrics", "plots"):
             for entry in stage.get(kind, []):
                 path, spec = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
-                found[path.replace("${item.parallel}-${item.precision}", "<variant>")] = (spec or {}).get("cache", True)
+                found[path.replace("${item.parallel}-${item.precision}", "<variant>").replace("${item.seed}", "<N>")] = (spec or {}).get("cache", True)
     return found
 
 
