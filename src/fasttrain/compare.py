@@ -78,7 +78,8 @@ def _over_seeds(runs: list[dict]) -> dict:
     return row
 
 
-def _accuracy_change(variant: str, seeds: tuple[int, ...], runs: dict, correct: dict) -> tuple[stats.Interval, str]:
+def _accuracy_change(variant: str, seeds: tuple[int, ...], runs: dict,
+                     correct: dict) -> tuple[stats.Interval | None, str | None]:
     """The accuracy change against the baseline, seed by seed (paired over the test images where both
     runs kept each image's result, else as two independent accuracies), then over the seeds."""
     changes, kinds = [], set()
@@ -178,8 +179,8 @@ SEEDS = ("Over {n} seeds ({seeds}): each figure is the mean of the seeds' runs (
 
 
 PLOT_COLUMNS = ("variant", "images_per_second", "images_per_second_low", "images_per_second_high", "peak_memory_mb",
-                "epoch_seconds", "test_accuracy", "test_accuracy_spread", "seeds", "speedup", "speedup_low", "speedup_high", "accuracy_change",
-                "accuracy_change_low", "accuracy_change_high", "verdict")
+                "epoch_seconds", "test_accuracy", "test_accuracy_spread", "seeds", "speedup", "speedup_low",
+                "speedup_high", "accuracy_change", "accuracy_change_low", "accuracy_change_high", "verdict")
 
 
 def to_plot_csv(table: dict) -> str:

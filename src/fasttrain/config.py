@@ -245,7 +245,8 @@ def _section(cls, section: str, raw) -> object:
         raw = {}
     if not isinstance(raw, dict):
         raise FasttrainError(f"params section '{section}' must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if "set_by" not in f.metadata}
+    keys = params_keys(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name in keys}
     unknown = sorted(set(raw) - set(fields))
     retired = [why for why in (_retired(f"{section}.{k}") for k in unknown) if why]
     if retired:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from datetime import datetime
+from statistics import fmean
 
 import click
 
@@ -34,7 +35,7 @@ def _seeds(params: dict) -> list[int]:
 def _mean(files: list[dict], key: str):
     """The figure's mean over the seeds' files that have it (None where none does)."""
     values = [f[key] for f in files if isinstance(f.get(key), (int, float))]
-    return sum(values) / len(values) if values else None
+    return fmean(values) if values else None
 
 
 def exp_show() -> list[dict]:

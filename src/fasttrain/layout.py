@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class Layout:
         return f"seed{self.seed}"
 
     def for_seed(self, seed: int) -> Layout:
-        return Layout(self.root, seed)
+        return dataclasses.replace(self, seed=seed)
 
     @property
     def dataset(self) -> Path:
