@@ -46,7 +46,7 @@ demo: setup  ## the whole 12-variant pipeline on synthetic data, CPU, offline, i
 	$(VENV)/bin/python scripts/overlay.py params.yaml demo/params.yaml .demo/params.yaml
 	cd .demo && git init -q && git add -A && $(DEMO_GIT) commit -q -m "make demo: demo/params.yaml laid over params.yaml"
 	ln -s $(abspath $(VENV)) .demo/.venv
-	cd .demo && dvc repro
+	cd .demo && fasttrain serve -- dvc repro
 	cd .demo && git add -A && $(DEMO_GIT) commit -q -m "make demo: the run (what dvc metrics diff compares with)"
 
 # The end-to-end tests wait on processes (DVC, torchrun, interpreters starting) as much as they
@@ -58,8 +58,10 @@ test: setup  ## the test suite (unit + end-to-end), as CI runs it
 test-harness: setup  ## CPU checks of the GPU-harness scripts in scripts/gpu/ (left out of `make test`)
 	$(VENV)/bin/python -m pytest -q -m harness
 
+# `fasttrain serve -- CMD`: the fasttrain processes that CMD starts (every stage, torchrun's workers) fork
+# from one process that imported torch once, instead of each importing it (about 2 s a process).
 repro: setup  ## the real pipeline with params.yaml
-	dvc repro
+	fasttrain serve -- dvc repro
 
 # Like any make target: nothing changed, nothing runs (DVC compares the stage's deps and params with
 # dvc.lock). A variant trains once per seed of compare.seeds (stages train@<variant>-<seed>): the target
@@ -67,9 +69,9 @@ repro: setup  ## the real pipeline with params.yaml
 $(TRAIN_TARGETS): train-%: setup
 ifdef FORCE
 	dvc repro download
-	dvc repro --force --single-item --glob 'train@$*-*'
+	fasttrain serve -- dvc repro --force --single-item --glob 'train@$*-*'
 else
-	dvc repro --glob 'train@$*-*'
+	fasttrain serve -- dvc repro --glob 'train@$*-*'
 endif
 
 train-%:  # any other name: say which ones there are
@@ -81,7 +83,7 @@ train-%:  # any other name: say which ones there are
 fast: setup  ## the fast recipe (recipes/fast.yaml) as a DVC experiment of single-bf16; params.yaml untouched
 	$(if $(SEED),$(if $(shell [[ '$(SEED)' =~ ^[0-9]+$$ ]] && echo ok),,$(error SEED=$(SEED) is not a seed: use a whole number >= 0, e.g. make fast SEED=3)))
 	flags=$$(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) && \
-	  dvc exp run --temp $$flags -S 'compare.seeds=[$(or $(SEED),0)]' \
+	  fasttrain serve -- dvc exp run --temp $$flags -S 'compare.seeds=[$(or $(SEED),0)]' \
 	    train@single-bf16-$(or $(SEED),0) evaluate@single-bf16-$(or $(SEED),0)
 	fasttrain experiments --variant single-bf16 --param train.epochs --param compare.seeds
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from fasttrain import __version__
+from fasttrain import __version__, server
 from fasttrain.errors import FasttrainError, Preempted
 
 COMMANDS = {  # name -> module whose `main` is the click command
@@ -21,6 +21,7 @@ COMMANDS = {  # name -> module whose `main` is the click command
     "compare": "fasttrain.compare",
     "bench": "fasttrain.bench",
     "experiments": "fasttrain.experiments",
+    "serve": "fasttrain.server",
 }
 SUMMARIES = {
     "download": "Fetch or read CIFAR-10 (or make the synthetic set) into data/dataset.pt.",
@@ -29,6 +30,7 @@ SUMMARIES = {
     "compare": "Compare every variant against single-fp32.",
     "bench": "Time the loaders against the compute ceiling and the bf16 peak.",
     "experiments": "The DVC experiments in 120 columns: what each changed and its figures.",
+    "serve": "Run a command (dvc repro) whose fasttrain processes fork from one warm process.",
 }
 
 
@@ -78,10 +80,22 @@ def run() -> None:
     objects the command made frozen out of the garbage collector first (gc.freeze). The teardown's
     collections then skip them: with torch loaded they are millions, and walking them made the exit
     of an AlexNet process 1.1-1.9 s on a 2-core CPU, where frozen it took 0.35-0.41 s
-    (docs/outputs.md). An exception main() does not catch (a bug) ends as usual, with its traceback."""
+    (docs/outputs.md). An exception main() does not catch (a bug) ends as usual, with its traceback.
+
+    Under `fasttrain serve` ($FASTTRAIN_SERVER set) the command runs in a child of the server, already
+    imported, and this process only relays it (server.forward); in that child, `serve` raises Forked
+    out of its loop and the command runs here."""
+    status = server.forward(sys.argv[1:])
+    if status is not None:
+        server.exit_with(status)
     cache_bytecode()
     try:
-        main()
+        try:
+            main()
+            return
+        except server.Forked as child:  # this process is the served command from here on
+            argv = child.argv
+        main(argv)
     finally:
         gc.freeze()
 

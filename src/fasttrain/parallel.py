@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fasttrain import lease
+from fasttrain import lease, server
+from fasttrain.server import LAUNCHER_PID  # set by `launch` for its workers
 from fasttrain.errors import FasttrainError, PeersLost, Preempted
 from fasttrain.layout import PARALLELS
 
@@ -73,11 +74,9 @@ class Runtime:
         return self.world_size
 
 
-LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by `launch` for its workers
 # torchrun's agent passes the signals it handles on to its workers, then waits for them (30 s, then
 # SIGKILL); SIGUSR1 (SLURM's --signal) is not among its defaults, and would kill the launcher outright.
 HANDLED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 # Site settings, not recipe: they never change a result, so they are environment variables, not params
 # (a param would show in dvc.lock and re-run the stage whenever a job lands on other hosts).
 RDZV_ENDPOINT = "FASTTRAIN_RDZV_ENDPOINT"  # host:port of node 0, for `train.nnodes` > 1 outside SLURM
@@ -209,7 +208,7 @@ def launch(module_argv: list[str], nproc: int, max_restarts: int = 0, device: st
 
     args = get_args_parser().parse_args([
         *rdzv, f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "--monitor-interval=0.5", f"--signals-to-handle={HANDLED_SIGNALS}", "--module", "fasttrain", *module_argv,
+        "--monitor-interval=0.1", f"--signals-to-handle={HANDLED_SIGNALS}", "--module", "fasttrain", *module_argv,
     ])
     # torchrun would set 1 thread per worker and print a banner saying so; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -270,15 +269,11 @@ def die_with_launcher() -> None:
     """In a ddp worker that `launch` started: get SIGTERM when the launcher dies, even by SIGKILL
     (`dvc queue stop --kill`, the OOM killer), which its agent cannot pass on. torchrun starts its
     workers in sessions of their own, so they would otherwise train on, orphaned, on GPUs whose lease
-    ended with the launcher. Linux only (prctl); elsewhere a no-op."""
+    ended with the launcher. A worker forked by `fasttrain serve` is its server's child: the process
+    it serves did this (server.forward), and passes the signal on. Linux only (prctl)."""
     launcher = os.environ.get(LAUNCHER_PID)
-    if launcher is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(launcher):  # it died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
+    if launcher is not None and not server.served():
+        server.die_with_parent(int(launcher))
 
 
 def resolve_device(requested: str, lease_gpus: int = 0) -> torch.device:

@@ -283,6 +283,9 @@ CASES = {
         files=lambda root: _write(root / "old.pt", _torch_bytes(_training_checkpoint("?", 2, 2)))),
     "experiments outside a DVC repository": Case(["experiments"],
                                                  "dvc exp show failed: you are not inside of a DVC repository"),
+    "serve without a command": Case(["serve"], "Missing argument 'COMMAND...'", exit_code=2),
+    "serve of a program that does not exist": Case(["serve", "--", "no-such-program-here", "repro"],
+                                                   "serve: cannot run 'no-such-program-here': No such file or directory"),
 }
 
 

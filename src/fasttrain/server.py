@@ -1,0 +1,404 @@
+"""`fasttrain serve -- COMMAND`: one warm process that the `fasttrain` commands of a pipeline fork from.
+
+Every stage of `dvc repro` is a `fasttrain` process that imports torch and its own modules before it
+does anything: about 2 s each on a 2-core CPU and on an H200 host, paid by every train, evaluate
+and ddp worker process. `fasttrain serve -- dvc repro` runs the command with $FASTTRAIN_SERVER set
+and, meanwhile, imports those modules once. A `fasttrain` process that the command starts (a stage,
+torchrun's workers) then hands the server its arguments, working folder, environment, umask and
+standard streams, and the server forks a child that is that command from there on: it parses the
+arguments, runs and exits as the process itself would have. The process waits for its child,
+passes on the signals it gets (Ctrl-C, SIGTERM's checkpoint) and exits with the child's status. The
+server ends with the command and returns its exit status.
+
+A process whose interpreter could differ from the server's runs by itself, as without a server,
+and says why in one line: another Python executable, sys.path or interpreter flags; an environment
+that differs in anything but the variables that DVC, make and torchrun set per process and the
+per-run FASTTRAIN_ settings; or a fasttrain source file edited since the server imported it.
+
+Standard library only on the client's side (`forward`): a served process imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import fasttrain
+from fasttrain.errors import FasttrainError
+
+SERVER = "FASTTRAIN_SERVER"  # the server's socket, set for the command it runs
+PRELOAD = ("fasttrain.train", "fasttrain.evaluate", "fasttrain.download", "torch.utils.tensorboard",
+           "torch.distributed.run")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# What may differ between the server's environment and a served process's: what DVC, make and
+# torchrun set per process (a worker's rank, its GPUs, its threads), and fasttrain's per-run settings,
+# all read when a command runs, none while the server imports.
+PER_PROCESS = {"PWD", "OLDPWD", "SHLVL", "_", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKE_TERMOUT", "MAKE_TERMERR",
+               "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+               "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+PER_PROCESS_PREFIXES = ("DVC_", "TORCHELASTIC_", "MASTER_", "GROUP_", "ROLE_", "FASTTRAIN_")
+PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
+LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by the ddp launcher (parallel.launch) for its workers
+_served = False  # this process is a server's child
+
+
+class Forked(BaseException):
+    """Raised in a server's child, out of `serve` and the click command that called it, so that
+    cli.run runs the served command in a process that has left the server's frames behind."""
+
+    def __init__(self, argv: list[str]):
+        super().__init__()
+        self.argv = argv
+
+
+def served() -> bool:
+    """This process is a server's child: its parent is the server, the process it serves is the
+    one that started it (parallel.die_with_launcher asks)."""
+    return _served
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGTERM to this process when its parent dies, even by SIGKILL; at once if it died already
+    (its parent is no longer `parent`). Linux only (prctl); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+# The wire: each side sends length-prefixed JSON messages; the request carries the client's
+# standard streams as file descriptors (SCM_RIGHTS).
+
+def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    framed = struct.pack("!I", len(data)) + data
+    if fds:
+        sent = socket.send_fds(sock, [framed], fds)
+        sock.sendall(framed[sent:])
+    else:
+        sock.sendall(framed)
+
+
+def _receive(sock: socket.socket, nfds: int = 0) -> tuple[dict | None, list[int]]:
+    """One message and the descriptors that came with it; (None, []) when the other side closed."""
+    buffer, fds = b"", []
+    while len(buffer) < 4 or len(buffer) < 4 + struct.unpack("!I", buffer[:4])[0]:
+        if nfds and not fds:
+            chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, nfds)
+        else:
+            chunk = sock.recv(1 << 16)
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        buffer += chunk
+    return json.loads(buffer[4:]), fds
+
+
+# The client: a `fasttrain` process that finds $FASTTRAIN_SERVER.
+
+def forward(args: list[str]) -> int | None:
+    """Hands this command to the server of $FASTTRAIN_SERVER and relays it: the exit status to exit
+    with (-N: killed by signal N), or None to run it here (no server, or it refused, saying why)."""
+    path = os.environ.get(SERVER)
+    if not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:  # the server has ended (its command is over) or never started
+        sock.close()
+        return None
+    with sock:
+        umask = os.umask(0)
+        os.umask(umask)
+        try:
+            _send(sock, {"argv": [sys.argv[0], *args], "cwd": os.getcwd(), "env": dict(os.environ),
+                         "umask": umask, "executable": sys.executable, "path": sys.path, "flags": list(sys.flags),
+                         "started": fasttrain.STARTED}, [0, 1, 2])
+            reply, _ = _receive(sock)
+        except OSError:
+            reply = None
+        if reply is None or "refused" in reply:
+            if reply is not None:
+                print(f"fasttrain: not served ({reply['refused']}): running by itself", file=sys.stderr)
+            return None
+        child = reply["pid"]
+        if LAUNCHER_PID in os.environ:  # a ddp worker: its launcher's death ends it (parallel.die_with_launcher)
+            die_with_parent(int(os.environ[LAUNCHER_PID]))
+        previous = {s: signal.signal(s, lambda signum, frame: _pass_on(child, signum)) for s in FORWARDED}
+        try:
+            reply, _ = _receive(sock)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if reply is None:
+        print("fasttrain: error: the server ended before the command it ran did", file=sys.stderr)
+        return 1
+    return reply["exit"]
+
+
+def _pass_on(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signum)
+
+
+def exit_with(status: int) -> None:
+    """Exit as the served child did: its exit code, or the same signal (SIGINT as Python's 130)."""
+    if status < 0:
+        signum = -status
+        if signum != signal.SIGINT:
+            if signum != signal.SIGKILL:  # (whose handler cannot be set)
+                signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        status = 128 + signum
+    sys.exit(status)
+
+
+# The server.
+
+def refusal(request: dict, sources: dict[str, int]) -> str | None:
+    """Why this process may not be forked from the server: its interpreter or environment could
+    differ from the one the server imported with. None: it may."""
+    if os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
+        return f"Python {request['executable']}, the server's is {sys.executable}"
+    if request["path"][1:] != sys.path[1:]:
+        return "sys.path differs from the server's (PYTHONPATH, the environment)"
+    if request["flags"] != list(sys.flags):
+        return "the interpreter's flags differ from the server's"
+    env = request["env"]
+    differ = sorted(k for k in set(env) | set(os.environ)
+                    if env.get(k) != os.environ.get(k) and k != SERVER and k not in PER_PROCESS
+                    and not k.startswith(PER_PROCESS_PREFIXES))
+    if differ:
+        return f"environment variable {differ[0]} differs from the server's"
+    for file, mtime in sources.items():
+        try:
+            if os.stat(file).st_mtime_ns != mtime:
+                return f"{file} changed since the server started"
+        except OSError:
+            return f"{file} is gone since the server started"
+    return None
+
+
+def _sources(since_ns: int = 0) -> dict[str, int]:
+    """Every fasttrain module the server has imported, by file, with its modification time; -1 for
+    one modified after `since_ns` (time.time_ns() before the imports), which may have changed after
+    it was imported."""
+    package = Path(fasttrain.__file__).parent
+    files = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).parent == package:
+            mtime = os.stat(file).st_mtime_ns
+            files[file] = mtime if mtime < since_ns or not since_ns else -1
+    return files
+
+
+def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
+    """Runs `command` with $FASTTRAIN_SERVER set and serves the `fasttrain` processes it starts
+    until it ends; its exit status (128 + N if signal N ended it). In a child: raises Forked."""
+    if not command:
+        raise FasttrainError("serve needs a command to run, e.g. fasttrain serve -- dvc repro")
+    folder = tempfile.mkdtemp(prefix="fasttrain-serve-")
+    path = os.path.join(folder, "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    try:
+        proc = subprocess.Popen(command, env=dict(os.environ, **{SERVER: path}))
+    except OSError as e:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise FasttrainError(f"serve: cannot run {command[0]!r}: {e.strerror}") from None
+    # Ctrl-C reaches the command and its processes from the terminal: the server waits for them to
+    # stop. SIGTERM and SIGHUP sent to the server go to the command.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, lambda signum, frame: _pass_on(proc.pid, signum))
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    os.set_blocking(wake_read, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the loop (set_wakeup_fd)
+    imported = time.time_ns()
+    refused_all = _preload(preload)
+    sources = _sources(since_ns=imported)
+    gc.freeze()  # the children's collections leave the imported objects alone: their pages stay shared
+    server = os.getpid()
+    children: dict[int, socket.socket] = {}  # pid -> the connection of the process it serves
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+
+    while proc.poll() is None or children:
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is listener and proc.poll() is None:
+                conn, _ = listener.accept()
+                pid = _fork_for(conn, refused_all, sources, listener, selector, children, (wake_read, wake_write))
+                if pid is not None:
+                    selector.register(conn, selectors.EVENT_READ)
+                    children[pid] = conn
+            elif key.fileobj is wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+            elif key.fileobj is not listener:  # a served process ended or was killed: end its child
+                pid = next(p for p, c in children.items() if c is key.fileobj)
+                selector.unregister(key.fileobj)
+                _pass_on(pid, signal.SIGTERM)
+        for pid, conn in list(children.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                with contextlib.suppress(OSError):
+                    _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                with contextlib.suppress(KeyError, ValueError):
+                    selector.unregister(conn)
+                conn.close()
+                del children[pid]
+        if proc.poll() is not None and listener.fileno() != -1:  # no new processes once the command is over
+            selector.unregister(listener)
+            listener.close()
+    assert os.getpid() == server
+    signal.set_wakeup_fd(-1)
+    os.close(wake_read)
+    os.close(wake_write)
+    selector.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _preload(modules: tuple[str, ...]) -> str | None:
+    """Imports what the served commands import; why every process must run by itself if it cannot."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 (an import that fails: each process then meets it itself)
+            return f"the server could not import {name}: {type(e).__name__}"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
+        return "the server initialised CUDA while it imported"
+    return None
+
+
+def _fork_for(conn, refused_all, sources, listener, selector, children, wake) -> int | None:
+    """Reads a request from `conn` and forks its child: the child's pid, or None (refused, or the
+    process went away). In the child: raises Forked, the server's resources closed."""
+    conn.settimeout(10.0)
+    try:
+        request, fds = _receive(conn, 3)
+    except (OSError, ValueError):
+        request, fds = None, []
+    if request is None or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    why = refused_all or refusal(request, sources)
+    if why:
+        with contextlib.suppress(OSError):
+            _send(conn, {"refused": why})
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become(request, fds, [listener, conn, *children.values()], selector, wake)
+        raise Forked(request["argv"][1:])
+    for fd in fds:
+        os.close(fd)
+    conn.settimeout(None)
+    try:
+        _send(conn, {"pid": pid})
+    except OSError:  # the process is gone already: so goes its child
+        _pass_on(pid, signal.SIGTERM)
+    return pid
+
+
+def _become(request: dict, fds: list[int], sockets: list[socket.socket], selector, wake: tuple[int, int]) -> None:
+    """In the child: leave the server behind and take the served process's place (streams, folder,
+    environment, umask, arguments, clock), as that process would have been after its own imports."""
+    global _served
+    _served = True
+    signal.set_wakeup_fd(-1)
+    for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    selector.close()
+    for sock in sockets:
+        sock.close()
+    for fd in wake:
+        os.close(fd)
+    os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the served process, which passes it on: once
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = request["argv"]
+    sys.path[:] = request["path"]
+    _reopen_standard_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
+    fasttrain.STARTED = request["started"]  # perf_counter is the host's monotonic clock: the same in both
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _reopen_standard_streams(unbuffered: bool) -> None:
+    """sys.stdin/stdout/stderr on the served process's descriptors, buffered as Python would have
+    made them there: line by line on a terminal (stderr always), write-through when unbuffered."""
+    encoding, errors = sys.stdout.encoding, sys.stdout.errors
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding=encoding, errors=errors)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding=encoding,
+                                  errors="backslashreplace" if fd == 2 else errors,
+                                  line_buffering=fd == 2 or os.isatty(fd), write_through=unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _command():
+    import click
+
+    @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+    @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+    def main(command: tuple[str, ...]) -> None:
+        """Run COMMAND (`dvc repro`, `dvc exp run`, make ...) with one warm process that its fasttrain
+        commands fork from, instead of each importing torch: `fasttrain serve -- dvc repro`. Exits with
+        COMMAND's status."""
+        sys.exit(serve(list(command)))
+
+    return main
+
+
+main = _command()

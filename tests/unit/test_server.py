@@ -1,0 +1,112 @@
+"""fasttrain.server without a server running: which processes it refuses to serve, its wire, a served
+process's exit status, and a client that finds no server."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import fasttrain
+from fasttrain import server
+
+
+def _request(**changes) -> dict:
+    """The request this very process would send (forward's), with `changes`."""
+    request = {"argv": ["fasttrain", "evaluate"], "cwd": os.getcwd(), "env": dict(os.environ), "umask": 0o22,
+               "executable": sys.executable, "path": list(sys.path), "flags": list(sys.flags),
+               "started": fasttrain.STARTED}
+    return request | changes
+
+
+def test_a_process_like_the_server_is_served():
+    assert server.refusal(_request(), {}) is None
+
+
+@pytest.mark.parametrize("name", ["DVC_ROOT", "DVC_STAGE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT",
+                                  "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+                                  "FASTTRAIN_DIST_TIMEOUT", "FASTTRAIN_LAUNCHER_PID", "MAKEFLAGS", "PWD"])
+def test_what_dvc_make_and_torchrun_set_per_process_may_differ(name):
+    assert server.refusal(_request(env=dict(os.environ, **{name: "7"})), {}) is None
+
+
+@pytest.mark.parametrize("name", ["TORCH_LOGS", "TORCHINDUCTOR_CACHE_DIR", "LD_PRELOAD", "MKL_NUM_THREADS", "HOME"])
+def test_any_other_variable_that_differs_is_refused_by_name(name):
+    env = dict(os.environ, **{name: "something else"})
+    assert server.refusal(_request(env=env), {}) == f"environment variable {name} differs from the server's"
+
+
+def test_a_variable_the_process_lacks_is_refused_too(monkeypatch):
+    monkeypatch.setenv("SOME_SETTING", "1")
+    env = {k: v for k, v in os.environ.items() if k != "SOME_SETTING"}
+    assert server.refusal(_request(env=env), {}) == "environment variable SOME_SETTING differs from the server's"
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"executable": "/usr/bin/python9"}, "Python /usr/bin/python9, the server's is"),
+    ({"path": [sys.path[0], "/elsewhere", *sys.path[1:]]}, "sys.path differs from the server's"),
+    ({"flags": [1 - f if isinstance(f, int) else f for f in sys.flags]}, "the interpreter's flags differ"),
+])
+def test_another_interpreter_is_refused(changes, why):
+    assert why in server.refusal(_request(**changes), {})
+
+
+def test_sys_path_0_may_differ():
+    """The console script has its own folder first, `python -m fasttrain` (torchrun's workers) the
+    working folder: the child takes the process's whole sys.path."""
+    assert server.refusal(_request(path=["/some/bin", *sys.path[1:]]), {}) is None
+
+
+def test_a_source_file_edited_or_removed_since_the_server_imported_it_is_refused(tmp_path):
+    source = tmp_path / "train.py"
+    source.write_text("x = 1\n")
+    sources = {str(source): source.stat().st_mtime_ns}
+    assert server.refusal(_request(), sources) is None
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))
+    assert server.refusal(_request(), sources) == f"{source} changed since the server started"
+    source.unlink()
+    assert server.refusal(_request(), sources) == f"{source} is gone since the server started"
+
+
+def test_the_servers_sources_are_its_imported_fasttrain_modules():
+    files = server._sources()
+    assert server.__file__ in files and fasttrain.__file__ in files
+    assert all(os.path.dirname(f) == os.path.dirname(fasttrain.__file__) for f in files)
+
+
+def test_a_message_and_the_standard_streams_cross_the_wire():
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        big = {"env": {f"K{i}": "v" * 100 for i in range(2000)}}  # 200 kB: more than a socket buffer holds
+        sender = threading.Thread(target=server._send, args=(a, big, [0, 1, 2]))
+        sender.start()
+        message, fds = server._receive(b, 3)
+        sender.join()
+        assert message == big and len(fds) == 3
+        assert [os.fstat(fd).st_ino for fd in fds] == [os.fstat(fd).st_ino for fd in (0, 1, 2)]
+        for fd in fds:
+            os.close(fd)
+        server._send(b, {"exit": -15})
+        assert server._receive(a) == ({"exit": -15}, [])
+        b.close()
+        assert server._receive(a) == (None, [])
+
+
+def test_without_a_server_the_process_runs_by_itself(monkeypatch, tmp_path):
+    monkeypatch.delenv(server.SERVER, raising=False)
+    assert server.forward(["evaluate"]) is None
+    monkeypatch.setenv(server.SERVER, str(tmp_path / "gone"))  # a server that has ended
+    assert server.forward(["evaluate"]) is None
+
+
+@pytest.mark.parametrize("status, returncode", [(0, 0), (3, 3), (-signal.SIGINT, 130),
+                                                (-signal.SIGTERM, -signal.SIGTERM), (-signal.SIGKILL, -signal.SIGKILL)])
+def test_a_served_process_exits_as_its_child_did(status, returncode):
+    """Killed by a signal, it is killed by the same one (a shell, DVC, torchrun see what they would
+    have); Ctrl-C's is Python's 130."""
+    proc = subprocess.run([sys.executable, "-c", f"from fasttrain import server; server.exit_with({status})"],
+                          timeout=60)
+    assert proc.returncode == returncode
