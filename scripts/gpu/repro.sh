@@ -23,6 +23,7 @@
 # A run longer than one command may last can go through scripts/gpu/detached.sh with OUT=DIR/out.
 # FT_TIME=1 (environment): `dvc repro` and each `make fast` experiment run under
 # scripts/time_to_answer.py, whose tables (wall, work and fixed cost per stage) go to OUT/time_to_answer.md.
+# Both run under `fasttrain serve`, as make runs them; FT_SERVE=0: without it.
 set -u -o pipefail
 [ $# -ge 4 ] || { echo "usage: $0 ARCHIVE WORK OUT SECONDS [--queue J] [--fast \"SEEDS\"] [k=v ...]" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,9 +93,10 @@ fi
 
 # dvc repro in a process group of its own: at the time limit the whole group gets SIGINT, as from
 # Ctrl-C, so the running stage stops cleanly and its last checkpoint is what the next call resumes.
-timer=()
+timer=() serve=(fasttrain serve --)  # as make repro runs it; FT_SERVE=0: every process on its own
 [ -z "${FT_TIME:-}" ] || timer=(python3 scripts/time_to_answer.py --out "$out/time_to_answer.md" --)
-setsid "${timer[@]}" dvc repro ${FT_TARGETS:-} > "$out/repro.raw" 2>&1 &
+[ "${FT_SERVE:-1}" != 0 ] || serve=()
+setsid "${timer[@]}" "${serve[@]}" dvc repro ${FT_TARGETS:-} > "$out/repro.raw" 2>&1 &
 pid=$!
 # The watchdog is a process group of its own too, so that its sleep ends with it (a sleep left
 # behind would hold this script's stdout open for its caller).
@@ -111,7 +113,7 @@ echo "dvc repro exit status $status"
 if [ -n "$seeds" ] && [ $status -eq 0 ]; then
   git add -A && git -c user.name=fasttrain -c user.email=fasttrain@localhost commit -qm "classic recipe" || true
   for seed in $seeds; do  # exactly what `make fast` runs, one experiment per seed
-    "${timer[@]}" dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "compare.seeds=[$seed]" \
+    "${timer[@]}" "${serve[@]}" dvc exp run --temp $(python3 scripts/overlay.py --dvc-flags recipes/fast.yaml) -S "compare.seeds=[$seed]" \
       ${FT_FAST_EXTRA:-} train@single-bf16-$seed evaluate@single-bf16-$seed 2>&1 | grep -v -i -e warning -e "warn(" | tail -${FT_TIME:+14}4 | tee -a "$out/fast.log"
   done
   dvc exp show --json > "$out/fast-experiments.json"

@@ -262,7 +262,7 @@ def test_repro_queue_trains_each_variant_once_and_dvc_repro_restores_them(tmp_pa
     assert log.count("Success") == 2, log
     for v in variants:
         for stage in ("train", "evaluate"):
-            assert f"Stage '{stage}@{v}' is cached - skipping run" in log, log
+            assert f"Stage '{stage}@{v}-0' is cached - skipping run" in log, log
     assert "Running stage" not in log, log  # nothing trained twice
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
         names = set(tar.getnames())
