@@ -186,6 +186,8 @@ def refusal(request: dict, sources: dict[str, int]) -> str | None:
     differ = sorted(k for k in set(env) | set(os.environ)
                     if env.get(k) != os.environ.get(k) and k != SERVER and k not in PER_PROCESS
                     and not k.startswith(PER_PROCESS_PREFIXES))
+    if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in env:  # (the child sets the one it is given)
+        differ.insert(0, "OMP_NUM_THREADS")
     if differ:
         return f"environment variable {differ[0]} differs from the server's"
     for file, mtime in sources.items():

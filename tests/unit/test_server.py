@@ -39,6 +39,16 @@ def test_any_other_variable_that_differs_is_refused_by_name(name):
     assert server.refusal(_request(env=env), {}) == f"environment variable {name} differs from the server's"
 
 
+def test_threads_may_be_set_for_the_process_but_not_left_to_the_servers(monkeypatch):
+    """A worker's OMP_NUM_THREADS (torchrun's, the launcher's) is the child's; a process without one
+    would take torch's default, which the server's setting replaced."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert server.refusal(_request(env=dict(os.environ, OMP_NUM_THREADS="4")), {}) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    assert server.refusal(_request(env=env), {}) == "environment variable OMP_NUM_THREADS differs from the server's"
+
+
 def test_a_variable_the_process_lacks_is_refused_too(monkeypatch):
     monkeypatch.setenv("SOME_SETTING", "1")
     env = {k: v for k, v in os.environ.items() if k != "SOME_SETTING"}
