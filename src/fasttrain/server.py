@@ -145,6 +145,8 @@ def forward(args: list[str]) -> int | None:
         previous = {s: signal.signal(s, lambda signum, frame: _pass_on(child, signum)) for s in FORWARDED}
         try:
             reply, _ = _receive(sock)
+        except OSError:  # the server went away (killed): its children went with it
+            reply = None
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -218,26 +220,37 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
     until it ends; its exit status (128 + N if signal N ended it). In a child: raises Forked."""
     if not command:
         raise FasttrainError("serve needs a command to run, e.g. fasttrain serve -- dvc repro")
-    folder = tempfile.mkdtemp(prefix="fasttrain-serve-")
+    try:
+        folder = tempfile.mkdtemp(prefix="fasttrain-serve-")
+    except OSError as e:
+        raise FasttrainError(f"serve: cannot make a folder for its socket in {tempfile.gettempdir()}: "
+                             f"{e.strerror}; set TMPDIR to a writable folder") from None
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
     try:
-        proc = subprocess.Popen(command, env=dict(os.environ, **{SERVER: path}))
-    except OSError as e:
+        try:
+            listener.bind(path)
+        except OSError as e:  # (an AF_UNIX path is at most 107 bytes: a long TMPDIR)
+            raise FasttrainError(f"serve: cannot make its socket {path}: {e}; set TMPDIR to a shorter folder") from None
+        listener.listen(64)
+        try:
+            proc = subprocess.Popen(command, env=dict(os.environ, **{SERVER: path}))
+        except OSError as e:
+            raise FasttrainError(f"serve: cannot run {command[0]!r}: {e.strerror}") from None
+    except FasttrainError:
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)
-        raise FasttrainError(f"serve: cannot run {command[0]!r}: {e.strerror}") from None
+        raise
     # Ctrl-C reaches the command and its processes from the terminal: the server waits for them to
     # stop. SIGTERM and SIGHUP sent to the server go to the command.
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda signum, frame: _pass_on(proc.pid, signum))
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
-    signal.set_wakeup_fd(wake_write)
+    previous_wakeup = signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the loop (set_wakeup_fd)
     imported = time.time_ns()
     refused_all = _preload(preload)
@@ -277,7 +290,9 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
             selector.unregister(listener)
             listener.close()
     assert os.getpid() == server
-    signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(previous_wakeup)
+    for s, handler in previous.items():
+        signal.signal(s, handler)
     os.close(wake_read)
     os.close(wake_write)
     selector.close()

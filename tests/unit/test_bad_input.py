@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ TRAIN_DDP = ["train", "--parallel", "ddp", "--precision", "fp32"]
 EVALUATE = ["evaluate", "--parallel", "single", "--precision", "fp32"]
 DOWNLOAD = ["download"]
 MODEL = Path("models") / "seed0" / "single-fp32.pt"  # the first seed's run of the baseline
+LONG_TMPDIR = "/tmp/fasttrain-tests-" + "long" * 25  # an AF_UNIX socket's path in it is too long
 
 
 class Evil:
@@ -284,6 +286,12 @@ CASES = {
     "experiments outside a DVC repository": Case(["experiments"],
                                                  "dvc exp show failed: you are not inside of a DVC repository"),
     "serve without a command": Case(["serve"], "Missing argument 'COMMAND...'", exit_code=2),
+    "serve with a socket path too long": Case(["serve", "--", "true"], "serve: cannot make its socket",
+                                              patch=lambda m: m.setattr(tempfile, "tempdir", LONG_TMPDIR),
+                                              files=lambda root: Path(LONG_TMPDIR).mkdir(parents=True, exist_ok=True)),
+    "serve with no folder for its socket": Case(["serve", "--", "true"],
+                                                "serve: cannot make a folder for its socket in /nonexistent/tmp",
+                                                patch=lambda m: m.setattr(tempfile, "tempdir", "/nonexistent/tmp")),
     "serve of a program that does not exist": Case(["serve", "--", "no-such-program-here", "repro"],
                                                    "serve: cannot run 'no-such-program-here': No such file or directory"),
 }
