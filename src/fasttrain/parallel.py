@@ -32,9 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from fasttrain import lease, server
-from fasttrain.server import LAUNCHER_PID  # set by `launch` for its workers
 from fasttrain.errors import FasttrainError, PeersLost, Preempted
 from fasttrain.layout import PARALLELS
+from fasttrain.server import LAUNCHER_PID  # set by `launch` for its workers
 
 
 @dataclass

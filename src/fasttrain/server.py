@@ -13,7 +13,9 @@ server ends with the command and returns its exit status.
 A process whose interpreter could differ from the server's runs by itself, as without a server,
 and says why in one line: another Python executable, sys.path or interpreter flags; an environment
 that differs in anything but the variables that DVC, make and torchrun set per process and the
-per-run FASTTRAIN_ settings; or a fasttrain source file edited since the server imported it.
+per-run FASTTRAIN_ settings; or a fasttrain source file edited since the server imported it. The
+server never initialises CUDA itself (a forked child could not use it then); a probe child checks,
+once, that a process forked from it can use the GPU, and if not, every process runs by itself.
 
 Standard library only on the client's side (`forward`): a served process imports no torch.
 """
@@ -312,6 +314,34 @@ def _preload(modules: tuple[str, ...]) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
         return "the server initialised CUDA while it imported"
+    return _cuda_in_a_child()
+
+
+def _cuda_in_a_child(timeout: float = 60.0) -> str | None:
+    """Whether a process forked from the server can use the GPU, as the served ones must: a probe
+    child tries (the server itself never initialises CUDA). None if it can, or if there is no GPU;
+    else why every process must run by itself."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    pid = os.fork()
+    if pid == 0:  # the probe: it only reports, by its exit status, and leaves as a forked helper does
+        code = 0
+        try:
+            if torch.cuda.is_available():
+                torch.ones(1, device="cuda").add_(1).item()
+        except BaseException:  # noqa: BLE001 (whatever CUDA raises in a forked process)
+            code = 1
+        os._exit(code)
+    deadline = time.monotonic() + timeout
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "a process forked from the server did not get the GPU within a minute"
+        time.sleep(0.01)
+    if os.waitstatus_to_exitcode(done[1]) != 0:
+        return "a process forked from the server could not use the GPU"
     return None
 
 

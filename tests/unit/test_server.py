@@ -120,3 +120,14 @@ def test_a_served_process_exits_as_its_child_did(status, returncode):
     proc = subprocess.run([sys.executable, "-c", f"from fasttrain import server; server.exit_with({status})"],
                           timeout=60)
     assert proc.returncode == returncode
+
+
+def test_a_gpu_that_a_forked_process_cannot_use_makes_every_process_run_by_itself(monkeypatch):
+    """The probe runs in a child forked from the server, as the served processes are; here (no GPU
+    or one) it passes, and with CUDA failing in the child it gives the reason every process hears."""
+    import torch
+
+    assert server._cuda_in_a_child() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "ones", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error")))
+    assert server._cuda_in_a_child() == "a process forked from the server could not use the GPU"
