@@ -397,6 +397,7 @@ def _become(request: dict, fds: list[int], sockets: list[socket.socket], selecto
     for fd in wake:
         os.close(fd)
     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the served process, which passes it on: once
+    die_with_parent(os.getppid())  # a server killed outright (the OOM killer) takes its children along
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

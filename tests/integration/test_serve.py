@@ -95,12 +95,13 @@ def test_the_served_commands_status_and_error_line_are_its_own(tiny_repo):
     assert run(["fasttrain", "serve", "--", "sh", "-c", "exit 3"], tiny_repo, check=False).returncode == 3
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "SIGKILL to the server"])
 def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny_repo, how):
     """SIGTERM to the process DVC started: passed on, the child checkpoints and exits 75, and so does
     the process. SIGKILL, which nothing can pass on (`dvc queue stop --kill`): the server sees the
     process go and sends its child SIGTERM, as a ddp launcher's death does to its workers. Either way
-    the server ends with its command and leaves no process behind."""
+    the server ends with its command and leaves no process behind. The server itself killed outright
+    (the OOM killer): its child gets SIGTERM too, and the served process says the server is gone."""
     set_params(tiny_repo, {"train": {"epochs": 3}})
     run(["fasttrain", "download"], tiny_repo)
     pid_file = tiny_repo / "client.pid"
@@ -114,11 +115,30 @@ def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny
             child = int(conn.recv(100).decode().split()[1])  # the training process: the server's child
             client = int(pid_file.read_text())
             assert child != client and _parent(child) == serve.pid
-            os.kill(client, signal.Signals[how])
-        out, err = serve.communicate(timeout=120)
-    assert serve.returncode == (75 if how == "SIGTERM" else 128 + signal.SIGKILL), err
+            if how == "SIGKILL to the server":
+                os.kill(serve.pid, signal.SIGKILL)
+            else:
+                os.kill(client, signal.Signals[how])
+        if how == "SIGKILL to the server":
+            serve.wait(timeout=60)
+            deadline = time.monotonic() + 120  # the child, no one's now, checkpoints and ends
+            while _alive(child) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            out, err = serve.communicate(timeout=120)  # (its output: the pipes close with the last writer)
+            assert "fasttrain: error: the server ended before the command it ran did" in err, err
+        else:
+            out, err = serve.communicate(timeout=120)
+            assert serve.returncode == (75 if how == "SIGTERM" else 128 + signal.SIGKILL), err
     assert "stopped by SIGTERM" in err and checkpoint_file(tiny_repo, "single-fp32").is_file()
-    assert not Path(f"/proc/{child}").exists()
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not ended (a zombie nobody has reaped yet counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _parent(pid: int) -> int:
