@@ -92,7 +92,8 @@ def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> N
     framed = struct.pack("!I", len(data)) + data
     if fds:
         sent = socket.send_fds(sock, [framed], fds)
-        sock.sendall(framed[sent:])
+        if sent < len(framed):  # (not an empty send: the server may have answered and closed by now)
+            sock.sendall(framed[sent:])
     else:
         sock.sendall(framed)
 
@@ -135,11 +136,12 @@ def forward(args: list[str]) -> int | None:
                          "umask": umask, "executable": sys.executable, "path": sys.path, "flags": list(sys.flags),
                          "started": fasttrain.STARTED}, [0, 1, 2])
             reply, _ = _receive(sock)
-        except OSError:
-            reply = None
-        if reply is None or "refused" in reply:
-            if reply is not None:
-                print(f"fasttrain: not served ({reply['refused']}): running by itself", file=sys.stderr)
+        except OSError as e:
+            reply = {"refused": f"the server did not answer: {e.strerror or e}"}
+        if reply is None:  # it ended with its command in the meantime
+            return None
+        if "refused" in reply:
+            print(f"fasttrain: not served ({reply['refused']}): running by itself", file=sys.stderr)
             return None
         child = reply["pid"]
         if LAUNCHER_PID in os.environ:  # a ddp worker: its launcher's death ends it (parallel.die_with_launcher)
