@@ -205,7 +205,7 @@ def refusal(request: dict, sources: dict[str, int]) -> str | None:
     return None
 
 
-def _sources(since_ns: int = 0) -> dict[str, int]:
+def _sources(since_ns: int) -> dict[str, int]:
     """Every fasttrain module the server has imported, by file, with its modification time; -1 for
     one modified after `since_ns` (time.time_ns() before the imports), which may have changed after
     it was imported."""
@@ -215,7 +215,7 @@ def _sources(since_ns: int = 0) -> dict[str, int]:
         file = getattr(module, "__file__", None)
         if file and Path(file).parent == package:
             mtime = os.stat(file).st_mtime_ns
-            files[file] = mtime if mtime < since_ns or not since_ns else -1
+            files[file] = mtime if mtime < since_ns else -1
     return files
 
 

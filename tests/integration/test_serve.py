@@ -3,6 +3,7 @@ stages, the ddp launcher, torchrun's workers) is forked from the server and gets
 process of its own gets; one the server may not serve runs by itself and says why; signals reach
 the served command (SIGTERM's checkpoint) and the server ends with the command, leaving nothing."""
 
+import json
 import os
 import signal
 import subprocess
@@ -67,8 +68,6 @@ def test_every_fasttrain_process_forks_from_the_server_with_the_results_of_its_o
 
 
 def _accuracies(text: str) -> dict:
-    import json
-
     return {k: v for k, v in json.loads(text).items() if "acc" in k or "loss" in k}
 
 

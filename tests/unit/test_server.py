@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_a_source_file_edited_or_removed_since_the_server_imported_it_is_refused
 
 
 def test_the_servers_sources_are_its_imported_fasttrain_modules():
-    files = server._sources()
+    files = server._sources(since_ns=time.time_ns())
     assert server.__file__ in files and fasttrain.__file__ in files
     assert all(os.path.dirname(f) == os.path.dirname(fasttrain.__file__) for f in files)
 
