@@ -3,9 +3,9 @@
 Every stage of `dvc repro` is a `fasttrain` process that imports torch and its own modules before it
 does anything: about 2 s each on a 2-core CPU and on an H200 host, paid by every train, evaluate
 and ddp worker process. `fasttrain serve -- dvc repro` runs the command with $FASTTRAIN_SERVER set
-and, meanwhile, imports those modules once. A `fasttrain` process that the command starts (a stage,
-torchrun's workers) then hands the server its arguments, working folder, environment, umask and
-standard streams, and the server forks a child that is that command from there on: it parses the
+and, meanwhile, imports those modules once (torch's compiler later, while no process waits). A
+`fasttrain` process that the command starts (a stage, torchrun's workers) then hands the server its
+arguments, working folder, environment, umask and standard streams, and the server forks a child that is that command from there on: it parses the
 arguments, runs and exits as the process itself would have. The process waits for its child,
 passes on the signals it gets (Ctrl-C, SIGTERM's checkpoint) and exits with the child's status. The
 server ends with the command and returns its exit status.
@@ -23,6 +23,7 @@ Standard library only on the client's side (`forward`): a served process imports
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
@@ -42,8 +43,14 @@ import fasttrain
 from fasttrain.errors import FasttrainError
 
 SERVER = "FASTTRAIN_SERVER"  # the server's socket, set for the command it runs
+# What the served commands import, once, before the first is served: the stages' modules.
 PRELOAD = ("fasttrain.train", "fasttrain.evaluate", "fasttrain.download", "torch.utils.tensorboard",
            "torch.distributed.run")
+# And, once serving, while no process waits, one by one: torch's compiler, which only some processes
+# import (a ddp worker's DistributedDataParallel() imports torch._dynamo, train.compile inductor too),
+# about 4 s on a 2-core CPU that the first stage should not wait for. A child forked before imports
+# them itself if it needs them. Neither touches the GPU; the server checks after each.
+LATER = ("torch._dynamo", "torch._inductor.compile_fx")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # What may differ between the server's environment and a served process's: what DVC, make and
 # torchrun set per process (a worker's rank, its GPUs, its threads), and fasttrain's per-run settings,
@@ -179,9 +186,10 @@ def exit_with(status: int) -> None:
 
 # The server.
 
-def refusal(request: dict, sources: dict[str, int]) -> str | None:
+def refusal(request: dict, sources: dict[str, int], environ: dict[str, str], added: dict[str, str]) -> str | None:
     """Why this process may not be forked from the server: its interpreter or environment could
-    differ from the one the server imported with. None: it may."""
+    differ from the one the server imported with: `environ`, the server's before its imports, and
+    `added`, what those imports set (a process started by a served one has those too). None: it may."""
     if os.path.realpath(request["executable"]) != os.path.realpath(sys.executable):
         return f"Python {request['executable']}, the server's is {sys.executable}"
     if request["path"][1:] != sys.path[1:]:
@@ -189,10 +197,10 @@ def refusal(request: dict, sources: dict[str, int]) -> str | None:
     if request["flags"] != list(sys.flags):
         return "the interpreter's flags differ from the server's"
     env = request["env"]
-    differ = sorted(k for k in set(env) | set(os.environ)
-                    if env.get(k) != os.environ.get(k) and k != SERVER and k not in PER_PROCESS
+    differ = sorted(k for k in set(env) | set(environ)
+                    if env.get(k) not in (environ.get(k), added.get(k, environ.get(k))) and k != SERVER and k not in PER_PROCESS
                     and not k.startswith(PER_PROCESS_PREFIXES))
-    if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in env:  # (the child sets the one it is given)
+    if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in env:  # (the child sets the one it is given)
         differ.insert(0, "OMP_NUM_THREADS")
     if differ:
         return f"environment variable {differ[0]} differs from the server's"
@@ -219,7 +227,7 @@ def _sources(since_ns: int) -> dict[str, int]:
     return files
 
 
-def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
+def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[str, ...] = LATER) -> int:
     """Runs `command` with $FASTTRAIN_SERVER set and serves the `fasttrain` processes it starts
     until it ends; its exit status (128 + N if signal N ended it). In a child: raises Forked."""
     if not command:
@@ -256,9 +264,11 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
     os.set_blocking(wake_read, False)
     previous_wakeup = signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the loop (set_wakeup_fd)
-    imported = time.time_ns()
+    imported, environ = time.time_ns(), dict(os.environ)
     refused_all = _preload(preload)
     sources = _sources(since_ns=imported)
+    imports = _Imports(refused_all, sources, environ, _added(environ))
+    later = [] if refused_all else list(later)
     gc.freeze()  # the children's collections leave the imported objects alone: their pages stay shared
     server = os.getpid()
     children: dict[int, socket.socket] = {}  # pid -> the connection of the process it serves
@@ -267,10 +277,11 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
     selector.register(wake_read, selectors.EVENT_READ)
 
     while proc.poll() is None or children:
-        for key, _ in selector.select(timeout=1.0):
+        events = selector.select(timeout=0 if later else 1.0)
+        for key, _ in events:
             if key.fileobj is listener and proc.poll() is None:
                 conn, _ = listener.accept()
-                pid = _fork_for(conn, refused_all, sources, listener, selector, children, (wake_read, wake_write))
+                pid = _fork_for(conn, imports, listener, selector, children, (wake_read, wake_write))
                 if pid is not None:
                     selector.register(conn, selectors.EVENT_READ)
                     children[pid] = conn
@@ -290,6 +301,11 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
                     selector.unregister(conn)
                 conn.close()
                 del children[pid]
+        if later and not events and proc.poll() is None:  # no process waits: one more import
+            if _import(later.pop(0)) is None:
+                imports = dataclasses.replace(imports, refused_all=_cuda_checked(), added=_added(environ))
+                later = later if imports.refused_all is None else []
+                gc.freeze()
         if proc.poll() is not None and listener.fileno() != -1:  # no new processes once the command is over
             selector.unregister(listener)
             listener.close()
@@ -306,13 +322,30 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
 
 def _preload(modules: tuple[str, ...]) -> str | None:
     """Imports what the served commands import; why every process must run by itself if it cannot."""
+    for name in modules:
+        if why := _import(name):
+            return why
+    return _cuda_checked()
+
+
+def _import(name: str) -> str | None:
     import importlib
 
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 (an import that fails: each process then meets it itself)
-            return f"the server could not import {name}: {type(e).__name__}"
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 (an import that fails: each process then meets it itself)
+        return f"the server could not import {name}: {type(e).__name__}"
+    return None
+
+
+def _added(environ: dict[str, str]) -> dict[str, str]:
+    """What the server's imports set in its environment, as they would have in a served process's
+    (torch._dynamo: TORCHINDUCTOR_CACHE_DIR)."""
+    return {k: v for k, v in os.environ.items() if environ.get(k) != v}
+
+
+def _cuda_checked() -> str | None:
+    """After imports: why no process forked from the server could use the GPU now, or None."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
         return "the server initialised CUDA while it imported"
@@ -347,7 +380,17 @@ def _cuda_in_a_child(timeout: float = 60.0) -> str | None:
     return None
 
 
-def _fork_for(conn, refused_all, sources, listener, selector, children, wake) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class _Imports:
+    """What the server's imports left: why no process may be served (None: they may), the fasttrain
+    sources imported and their times, the environment before them and what they added to it."""
+    refused_all: str | None
+    sources: dict[str, int]
+    environ: dict[str, str]
+    added: dict[str, str]
+
+
+def _fork_for(conn, imports: _Imports, listener, selector, children, wake) -> int | None:
     """Reads a request from `conn` and forks its child: the child's pid, or None (refused, or the
     process went away). In the child: raises Forked, the server's resources closed."""
     conn.settimeout(10.0)
@@ -360,7 +403,7 @@ def _fork_for(conn, refused_all, sources, listener, selector, children, wake) ->
             os.close(fd)
         conn.close()
         return None
-    why = refused_all or refusal(request, sources)
+    why = imports.refused_all or refusal(request, imports.sources, imports.environ, imports.added)
     if why:
         with contextlib.suppress(OSError):
             _send(conn, {"refused": why})
@@ -372,7 +415,7 @@ def _fork_for(conn, refused_all, sources, listener, selector, children, wake) ->
         stream.flush()
     pid = os.fork()
     if pid == 0:
-        _become(request, fds, [listener, conn, *children.values()], selector, wake)
+        _become(request, imports.added, fds, [listener, conn, *children.values()], selector, wake)
         raise Forked(request["argv"][1:])
     for fd in fds:
         os.close(fd)
@@ -384,7 +427,8 @@ def _fork_for(conn, refused_all, sources, listener, selector, children, wake) ->
     return pid
 
 
-def _become(request: dict, fds: list[int], sockets: list[socket.socket], selector, wake: tuple[int, int]) -> None:
+def _become(request: dict, added: dict[str, str], fds: list[int], sockets: list[socket.socket], selector,
+            wake: tuple[int, int]) -> None:
     """In the child: leave the server behind and take the served process's place (streams, folder,
     environment, umask, arguments, clock), as that process would have been after its own imports."""
     global _served
@@ -407,6 +451,7 @@ def _become(request: dict, fds: list[int], sockets: list[socket.socket], selecto
     os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(added)  # (the served process's environment is the server's as it began: the same imports add the same)
     sys.argv = request["argv"]
     sys.path[:] = request["path"]
     _reopen_standard_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))

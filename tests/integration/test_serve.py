@@ -86,6 +86,27 @@ def test_a_process_the_server_may_not_serve_runs_by_itself_and_says_why(tiny_rep
         in proc.stderr
 
 
+def test_the_compiler_is_imported_while_the_server_waits_and_its_variable_is_no_difference(tiny_repo, tmp_path):
+    """The first process is served before the server imports torch's compiler (server.LATER); once
+    no process waits, the server imports it, and the children forked later have it. torch._dynamo
+    sets TORCHINDUCTOR_CACHE_DIR where it is unset, as in any process that imports it: a served
+    process is compared with the server's environment as it began, and still served."""
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    env = {"FASTTRAIN_TEST_MODULES": str(folder),
+           "PYTHONPATH": os.pathsep.join([str(PROBE), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    again = ("fasttrain download && for i in $(seq 60); do sleep 1; fasttrain download || exit 1; "
+             "grep -qx torch._dynamo $FASTTRAIN_TEST_MODULES/*.txt && exit 0; done; exit 9")
+    proc = run(["env", "-u", "TORCHINDUCTOR_CACHE_DIR", "fasttrain", "serve", "--", "sh", "-c", again],
+               tiny_repo, env=env)
+    assert "not served" not in proc.stderr, proc.stderr
+    children = sorted((int(argv.rpartition("(")[2].rstrip(")")), modules) for argv, modules in imported(folder).items()
+                      if "torch" in modules and " serve -- " not in argv)
+    assert len(children) >= 2
+    assert "torch._dynamo" not in children[0][1] and "torch._dynamo" in children[-1][1]
+    assert "torch._inductor.compile_fx" in children[-1][1]
+
+
 def test_the_served_commands_status_and_error_line_are_its_own(tiny_repo):
     proc = run(["fasttrain", "serve", "--", "fasttrain", "evaluate", "--parallel", "single", "--precision", "fp32"],
                tiny_repo, check=False)

@@ -24,36 +24,48 @@ def _request(**changes) -> dict:
 
 
 def test_a_process_like_the_server_is_served():
-    assert server.refusal(_request(), {}) is None
+    assert server.refusal(_request(), {}, dict(os.environ), {}) is None
 
 
 @pytest.mark.parametrize("name", ["DVC_ROOT", "DVC_STAGE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT",
                                   "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                                   "FASTTRAIN_DIST_TIMEOUT", "FASTTRAIN_LAUNCHER_PID", "MAKEFLAGS", "PWD"])
 def test_what_dvc_make_and_torchrun_set_per_process_may_differ(name):
-    assert server.refusal(_request(env=dict(os.environ, **{name: "7"})), {}) is None
+    assert server.refusal(_request(env=dict(os.environ, **{name: "7"})), {}, dict(os.environ), {}) is None
 
 
 @pytest.mark.parametrize("name", ["TORCH_LOGS", "TORCHINDUCTOR_CACHE_DIR", "LD_PRELOAD", "MKL_NUM_THREADS", "HOME"])
 def test_any_other_variable_that_differs_is_refused_by_name(name):
     env = dict(os.environ, **{name: "something else"})
-    assert server.refusal(_request(env=env), {}) == f"environment variable {name} differs from the server's"
+    assert server.refusal(_request(env=env), {}, dict(os.environ), {}) == f"environment variable {name} differs from the server's"
+
+
+def test_a_variable_the_servers_imports_set_may_be_there_or_not(monkeypatch):
+    """torch._dynamo sets TORCHINDUCTOR_CACHE_DIR where it is unset: a process started by the command
+    lacks it, one started by a served process (a ddp worker) has the imports' value; another value
+    is a difference."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    began, added = dict(os.environ), {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_someone"}
+    assert server.refusal(_request(), {}, began, added) is None
+    assert server.refusal(_request(env=dict(began, **added)), {}, began, added) is None
+    assert server.refusal(_request(env=dict(began, TORCHINDUCTOR_CACHE_DIR="/elsewhere")), {}, began, added) \
+        == "environment variable TORCHINDUCTOR_CACHE_DIR differs from the server's"
 
 
 def test_threads_may_be_set_for_the_process_but_not_left_to_the_servers(monkeypatch):
     """A worker's OMP_NUM_THREADS (torchrun's, the launcher's) is the child's; a process without one
     would take torch's default, which the server's setting replaced."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert server.refusal(_request(env=dict(os.environ, OMP_NUM_THREADS="4")), {}) is None
+    assert server.refusal(_request(env=dict(os.environ, OMP_NUM_THREADS="4")), {}, dict(os.environ), {}) is None
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    assert server.refusal(_request(env=env), {}) == "environment variable OMP_NUM_THREADS differs from the server's"
+    assert server.refusal(_request(env=env), {}, dict(os.environ), {}) == "environment variable OMP_NUM_THREADS differs from the server's"
 
 
 def test_a_variable_the_process_lacks_is_refused_too(monkeypatch):
     monkeypatch.setenv("SOME_SETTING", "1")
     env = {k: v for k, v in os.environ.items() if k != "SOME_SETTING"}
-    assert server.refusal(_request(env=env), {}) == "environment variable SOME_SETTING differs from the server's"
+    assert server.refusal(_request(env=env), {}, dict(os.environ), {}) == "environment variable SOME_SETTING differs from the server's"
 
 
 @pytest.mark.parametrize("changes, why", [
@@ -62,24 +74,24 @@ def test_a_variable_the_process_lacks_is_refused_too(monkeypatch):
     ({"flags": [1 - f if isinstance(f, int) else f for f in sys.flags]}, "the interpreter's flags differ"),
 ])
 def test_another_interpreter_is_refused(changes, why):
-    assert why in server.refusal(_request(**changes), {})
+    assert why in server.refusal(_request(**changes), {}, dict(os.environ), {})
 
 
 def test_sys_path_0_may_differ():
     """The console script has its own folder first, `python -m fasttrain` (torchrun's workers) the
     working folder: the child takes the process's whole sys.path."""
-    assert server.refusal(_request(path=["/some/bin", *sys.path[1:]]), {}) is None
+    assert server.refusal(_request(path=["/some/bin", *sys.path[1:]]), {}, dict(os.environ), {}) is None
 
 
 def test_a_source_file_edited_or_removed_since_the_server_imported_it_is_refused(tmp_path):
     source = tmp_path / "train.py"
     source.write_text("x = 1\n")
     sources = {str(source): source.stat().st_mtime_ns}
-    assert server.refusal(_request(), sources) is None
+    assert server.refusal(_request(), sources, dict(os.environ), {}) is None
     os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))
-    assert server.refusal(_request(), sources) == f"{source} changed since the server started"
+    assert server.refusal(_request(), sources, dict(os.environ), {}) == f"{source} changed since the server started"
     source.unlink()
-    assert server.refusal(_request(), sources) == f"{source} is gone since the server started"
+    assert server.refusal(_request(), sources, dict(os.environ), {}) == f"{source} is gone since the server started"
 
 
 def test_the_servers_sources_are_its_imported_fasttrain_modules():
