@@ -13,6 +13,7 @@ import click
 
 from fasttrain import __version__, server
 from fasttrain.errors import FasttrainError, Preempted
+from fasttrain.layout import user_cache
 
 COMMANDS = {  # name -> module whose `main` is the click command
     "download": "fasttrain.download",
@@ -123,6 +124,5 @@ def cache_bytecode() -> None:
     writable = os.access(cached.parent if cached.parent.is_dir() else cached.parents[1], os.W_OK)
     if cached.is_file() or (writable and not sys.dont_write_bytecode):
         return
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fasttrain" / "bytecode"
-    sys.pycache_prefix = str(Path(choice).resolve() if choice else default)
+    sys.pycache_prefix = str(Path(choice).resolve() if choice else user_cache("bytecode"))
     sys.dont_write_bytecode = False

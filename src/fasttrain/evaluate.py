@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from fasttrain import atomic, checkpoint, clock, config, parallel
 from fasttrain.data import load_dataset
 from fasttrain.errors import FasttrainError
+from fasttrain.kernel_folder import kernel_folder
 from fasttrain.layout import Layout
 from fasttrain.loaders import loader_args, make_eval_loader
 from fasttrain.models import build_model
@@ -43,6 +44,7 @@ class EvalResult:
 
 
 @torch.no_grad()
+@kernel_folder()  # (its first batch autotunes cuDNN's algorithms for the test set's shapes)
 def evaluate_model(net: torch.nn.Module, loader, precision: Precision, rt: parallel.Runtime,
                    num_classes: int, flip_tta: bool = False, per_image: bool = False) -> EvalResult:
     """Counts summed over ranks; the eval loader gives each image to exactly one rank, unpadded,

@@ -15,6 +15,12 @@ VARIANTS = tuple(f"{p}-{q}" for p, q in itertools.product(PARALLELS, PRECISION_N
 BASELINE = "single-fp32"
 
 
+def user_cache(name: str) -> Path:
+    """A folder of fasttrain's own in the user's cache ($XDG_CACHE_HOME, else ~/.cache): kept between
+    runs and repositories, outside every source tree."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fasttrain" / name
+
+
 @dataclass(frozen=True)
 class Layout:
     """The paths of one seed's runs: each variant's model, metrics, diagnostics, plots and TensorBoard run

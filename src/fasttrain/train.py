@@ -25,6 +25,7 @@ from fasttrain import checkpoint, clock, config, graphs, parallel, preemption, r
 from fasttrain.data import Dataset, load_dataset
 from fasttrain.errors import FasttrainError, Preempted
 from fasttrain.evaluate import evaluate_model
+from fasttrain.kernel_folder import kernel_folder
 from fasttrain.layout import Layout
 from fasttrain.engine import (StepLog, StepWindows, Trainable, build_trainable, compile_cache_lookups,
                               nondeterministic_ops_recorded,
@@ -135,7 +136,7 @@ def train(params: config.Params, precision: Precision, rt: parallel.Runtime, lay
         progress = Progress(run.variant, run.cfg.epochs, len(run.train_loader), enabled=rt.is_main)
         with (nondeterministic_ops_recorded(rt) if run.cfg.deterministic else contextlib.nullcontext(),
               _out_of_memory_explained(run)):
-            with clock.phase("warm_up"):  # compile, CUDA-graph capture or one eager step at every shape
+            with clock.phase("warm_up"), kernel_folder():  # compile, CUDA-graph capture or one eager step at every shape
                 _warm_up(run)
             for epoch in range(run.state.epoch, run.cfg.epochs):
                 with clock.phase("train"):
