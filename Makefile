@@ -6,10 +6,11 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Every command make runs imports this checkout's fasttrain, whichever checkout the environment was
 # installed from: in `.demo/` (make demo), .demo's own src/.
 export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
-# torch.compile's cache (train.compile, the fast recipe): in the repository, git-ignored, by absolute
-# path, so it outlives reboots, /tmp cleaners and a DVC experiment's temporary workspace. A cold cache
-# costs the fast recipe about 35 s more compile on an H200 (docs/fast-recipe.md). Set the variable to move it.
-export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/torchinductor
+# torch.compile's cache (train.compile, the fast recipe): in the user's cache, beside fasttrain's bytecode,
+# so it outlives reboots, /tmp cleaners and a DVC experiment's temporary workspace, and a new clone or
+# repository finds the graphs an earlier one compiled. A cold cache costs the fast recipe about 35 s more
+# compile on an H200 (docs/fast-recipe.md). Set the variable to move it.
+export TORCHINDUCTOR_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fasttrain/torchinductor
 
 # The variant names, read from their one home, src/fasttrain/layout.py (standard library only, so any
 # python3 reads it before `make setup`).
