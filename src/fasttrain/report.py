@@ -53,8 +53,10 @@ def open_tensorboard(run: Run, resumed_elsewhere: bool) -> GuardedWriter:
         shutil.copytree(saved.kept_tensorboard(run), folder)
     # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
     with atomic.disk_errors(folder, TENSORBOARD):
+        # by its absolute path: its writer thread opens the file afresh for every write, also while
+        # warm-up and evaluation run in another folder (kernel_folder)
         return GuardedWriter(SummaryWriter(
-            str(folder), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
+            str(folder.absolute()), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
 
 
 class GuardedWriter:

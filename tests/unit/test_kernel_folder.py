@@ -117,3 +117,23 @@ def test_blocks_in_threads_and_nested_ones_go_back_once_the_last_ends(cache, tmp
         assert Path.cwd() == cache
     threads[1].join()
     assert Path.cwd() == tmp_path
+
+
+def test_tensorboard_keeps_writing_to_the_runs_folder_from_inside(cache, tmp_path):
+    """TensorBoard's writer thread opens its event file afresh for every write: while warm-up or an
+    evaluation runs in the cache folder, its writes still go to the run's folder."""
+    from types import SimpleNamespace
+
+    from fasttrain import report
+    from fasttrain.layout import Layout
+
+    run = SimpleNamespace(layout=Layout(), variant="single-fp32", state=SimpleNamespace(epoch=0, global_step=0))
+    writer = report.open_tensorboard(run, resumed_elsewhere=False)
+    writer.add_scalar("loss", 1.0, 1)
+    writer.flush()
+    with kernel_folder():
+        writer.add_scalar("loss", 0.5, 2)
+        writer.flush()
+    writer.close()
+    events = list((tmp_path / "tensorboard" / "seed0" / "single-fp32").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and not list(cache.iterdir())
