@@ -3,7 +3,7 @@
 Every stage of `dvc repro` is a `fasttrain` process that imports torch and its own modules before it
 does anything: about 2 s each on a 2-core CPU and on an H200 host, paid by every train, evaluate
 and ddp worker process. `fasttrain serve -- dvc repro` runs the command with $FASTTRAIN_SERVER set
-and, meanwhile, imports those modules once (torch's compiler later, while no process waits). A
+and, meanwhile, imports those modules once (torch._dynamo later, while no process waits). A
 `fasttrain` process that the command starts (a stage, torchrun's workers) then hands the server its
 arguments, working folder, environment, umask and standard streams, and the server forks a child that is that command from there on: it parses the
 arguments, runs and exits as the process itself would have. The process waits for its child,
@@ -46,11 +46,12 @@ SERVER = "FASTTRAIN_SERVER"  # the server's socket, set for the command it runs
 # What the served commands import, once, before the first is served: the stages' modules.
 PRELOAD = ("fasttrain.train", "fasttrain.evaluate", "fasttrain.download", "torch.utils.tensorboard",
            "torch.distributed.run")
-# And, once serving, while no process waits, one by one: torch's compiler, which only some processes
-# import (a ddp worker's DistributedDataParallel() imports torch._dynamo, train.compile inductor too),
-# about 4 s on a 2-core CPU that the first stage should not wait for. A child forked before imports
-# them itself if it needs them. Neither touches the GPU; the server checks after each.
-LATER = ("torch._dynamo", "torch._inductor.compile_fx")
+# And, once serving, while no process waits: torch._dynamo, which only some processes import (a ddp
+# worker's DistributedDataParallel(), train.compile), about 2 s on a 2-core CPU that the first stage
+# should not wait for. A child forked before imports it itself if it needs it. Not inductor: importing
+# torch._inductor.compile_fx started the CUDA driver (cuInit) on an H100 host (torch 2.11), and no
+# process forked after that can use the GPU. The server checks after each import, with a probe child.
+LATER = ("torch._dynamo",)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # What may differ between the server's environment and a served process's: what DVC, make and
 # torchrun set per process (a worker's rank, its GPUs, its threads), and fasttrain's per-run settings,
