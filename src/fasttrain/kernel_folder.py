@@ -21,7 +21,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from fasttrain.layout import user_cache
 

@@ -5,10 +5,11 @@ does anything: about 2 s each on a 2-core CPU and on an H200 host, paid by every
 and ddp worker process. `fasttrain serve -- dvc repro` runs the command with $FASTTRAIN_SERVER set
 and, meanwhile, imports those modules once (torch._dynamo later, while no process waits). A
 `fasttrain` process that the command starts (a stage, torchrun's workers) then hands the server its
-arguments, working folder, environment, umask and standard streams, and the server forks a child that is that command from there on: it parses the
-arguments, runs and exits as the process itself would have. The process waits for its child,
-passes on the signals it gets (Ctrl-C, SIGTERM's checkpoint) and exits with the child's status. The
-server ends with the command and returns its exit status.
+arguments, working folder, environment, umask and standard streams, and the server forks a child
+that is that command from there on: it parses the arguments, runs and exits as the process itself
+would have. The process waits for its child, passes on the signals it gets (Ctrl-C, SIGTERM's
+checkpoint) and exits with the child's status. The server ends with the command and returns its exit
+status.
 
 A process whose interpreter could differ from the server's runs by itself, as without a server,
 and says why in one line: another Python executable, sys.path or interpreter flags; an environment
@@ -199,8 +200,8 @@ def refusal(request: dict, sources: dict[str, int], environ: dict[str, str], add
         return "the interpreter's flags differ from the server's"
     env = request["env"]
     differ = sorted(k for k in set(env) | set(environ)
-                    if env.get(k) not in (environ.get(k), added.get(k, environ.get(k))) and k != SERVER and k not in PER_PROCESS
-                    and not k.startswith(PER_PROCESS_PREFIXES))
+                    if env.get(k) not in (environ.get(k), added.get(k, environ.get(k)))
+                    and k != SERVER and k not in PER_PROCESS and not k.startswith(PER_PROCESS_PREFIXES))
     if "OMP_NUM_THREADS" in environ and "OMP_NUM_THREADS" not in env:  # (the child sets the one it is given)
         differ.insert(0, "OMP_NUM_THREADS")
     if differ:
