@@ -37,6 +37,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,9 +50,10 @@ PRELOAD = ("fasttrain.train", "fasttrain.evaluate", "fasttrain.download", "torch
            "torch.distributed.run")
 # And, once serving, while no process waits: torch._dynamo, which only some processes import (a ddp
 # worker's DistributedDataParallel(), train.compile), about 2 s on a 2-core CPU that the first stage
-# should not wait for. A child forked before imports it itself if it needs it. Not inductor: importing
-# torch._inductor.compile_fx started the CUDA driver (cuInit) on an H100 host (torch 2.11), and no
-# process forked after that can use the GPU. The server checks after each import, with a probe child.
+# should not wait for. A child forked before imports it itself if it needs it. It is imported in a
+# thread, and a new process waits for it to end. Not inductor: importing torch._inductor.compile_fx
+# started the CUDA driver (cuInit) on an H100 host (torch 2.11), and no process forked after that can
+# use the GPU. The server checks after each import, with a probe child.
 LATER = ("torch._dynamo",)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # What may differ between the server's environment and a served process's: what DVC, make and
@@ -62,6 +64,7 @@ PER_PROCESS = {"PWD", "OLDPWD", "SHLVL", "_", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"
                "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
 PER_PROCESS_PREFIXES = ("DVC_", "TORCHELASTIC_", "MASTER_", "GROUP_", "ROLE_", "FASTTRAIN_")
 PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
+PARENT_DIED = getattr(signal, "SIGRTMIN", 34) + 1  # the parent-death signal (die_with_parent): one no one else sends
 LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by the ddp launcher (parallel.launch) for its workers
 _served = False  # this process is a server's child
 
@@ -83,14 +86,23 @@ def served() -> bool:
 
 def die_with_parent(parent: int) -> None:
     """SIGTERM to this process when its parent dies, even by SIGKILL; at once if it died already
-    (its parent is no longer `parent`). Linux only (prctl); elsewhere a no-op."""
+    (its parent is no longer `parent`). Once: Linux sends the parent-death signal again whenever a
+    thread of the dead parent that took the process over ends too, and a second SIGTERM would end a
+    training at once, without its checkpoint (preemption); so the kernel sends PARENT_DIED, which
+    raises SIGTERM the first time only. Linux only (prctl); elsewhere a no-op."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(PARENT_DIED, _parent_died)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, PARENT_DIED)
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _parent_died(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)
+    signal.raise_signal(signal.SIGTERM)
 
 
 # The wire: each side sends length-prefixed JSON messages; the request carries the client's
@@ -278,8 +290,11 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[s
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
 
+    importing: threading.Thread | None = None  # importing the next of `later` while the loop serves on
+    imported_why: list[str | None] = []
+
     while proc.poll() is None or children:
-        events = selector.select(timeout=0 if later else 1.0)
+        events = selector.select(timeout=0 if later and importing is None else 1.0)
         for key, _ in events:
             if key.fileobj is listener and proc.poll() is None:
                 conn, _ = listener.accept()
@@ -303,14 +318,29 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[s
                     selector.unregister(conn)
                 conn.close()
                 del children[pid]
-        if later and not events and proc.poll() is None:  # no process waits: one more import
-            if _import(later.pop(0)) is None:
+        if importing is not None and not importing.is_alive():  # imported: forks again, from here
+            importing.join()
+            importing = None
+            if imported_why.pop() is None:
                 imports = dataclasses.replace(imports, refused_all=_cuda_checked(), added=_added(environ))
                 later = later if imports.refused_all is None else []
                 gc.freeze()
-        if proc.poll() is not None and listener.fileno() != -1:  # no new processes once the command is over
+            if listener.fileno() != -1:
+                selector.register(listener, selectors.EVENT_READ)
+        if later and importing is None and not events and proc.poll() is None:  # no process waits
+            # One more import, in a thread, so that the loop still ends the child of a process that
+            # is killed meanwhile. No fork until it is done: a child would inherit the import's locks
+            # half-held. The connections wait in the listener's backlog.
             selector.unregister(listener)
+            importing = threading.Thread(target=_import_in_thread, args=(later.pop(0), imported_why, wake_write),
+                                         name="fasttrain-serve-import", daemon=True)
+            importing.start()
+        if proc.poll() is not None and listener.fileno() != -1:  # no new processes once the command is over
+            with contextlib.suppress(KeyError):  # (not registered while a thread imports)
+                selector.unregister(listener)
             listener.close()
+    if importing is not None:  # the command ended while a thread imported: the interpreter exits after it
+        importing.join()
     assert os.getpid() == server
     signal.set_wakeup_fd(previous_wakeup)
     for s, handler in previous.items():
@@ -328,6 +358,14 @@ def _preload(modules: tuple[str, ...]) -> str | None:
         if why := _import(name):
             return why
     return _cuda_checked()
+
+
+def _import_in_thread(name: str, why: list[str | None], wake: int) -> None:
+    """`_import(name)` in the serving loop's thread: appends why it failed (None: it did not) and
+    wakes the loop."""
+    why.append(_import(name))
+    with contextlib.suppress(BlockingIOError):
+        os.write(wake, b"\0")
 
 
 def _import(name: str) -> str | None:

@@ -15,7 +15,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOOKS = Path(__file__).parent / "hooks"  # the test hooks: the epoch gate, faults at a step (hooks/sitecustomize.py)
-HOOK_VARIABLES = ("FASTTRAIN_TEST_EPOCH_SOCKET", "FASTTRAIN_FAULT_KILL_RANK_AT", "FASTTRAIN_FAULT_SIGNAL_AT")
+HOOK_VARIABLES = ("FASTTRAIN_TEST_EPOCH_SOCKET", "FASTTRAIN_FAULT_KILL_RANK_AT", "FASTTRAIN_FAULT_SIGNAL_AT",
+                  "FASTTRAIN_TEST_HOLD_IMPORT")
 
 
 def tracked_files() -> list[str]:
@@ -134,3 +135,11 @@ def epoch_gate(backlog: int = 1, timeout: float = 300):
             yield env, server
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Running, not ended (a zombie nobody has reaped yet counts as ended)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

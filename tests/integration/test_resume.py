@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from scratch import (BIN, TINY, checkpoint_file, checkpoint_of, copy_repo, epoch_gate, hooked, record, resuming_from,
-                     run, set_params)
+from scratch import (BIN, TINY, alive, checkpoint_file, checkpoint_of, copy_repo, epoch_gate, hooked, record,
+                     resuming_from, run, set_params)
 
 from fasttrain import checkpoint, config, engine, parallel
 from fasttrain.atomic import DiskError
@@ -467,13 +467,6 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:  # (state, ppid, ...)
             found.append(int(stat.parent.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

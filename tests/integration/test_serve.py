@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratch import BIN, REPO, checkpoint_file, copy_repo, epoch_gate, run, set_params, TINY
+from scratch import BIN, REPO, alive, checkpoint_file, copy_repo, epoch_gate, run, set_params, TINY
 from test_imports import PROBE, imported
 
 pytestmark = pytest.mark.slow
@@ -115,49 +115,52 @@ def test_the_served_commands_status_and_error_line_are_its_own(tiny_repo):
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "SIGKILL to the server"])
-def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny_repo, how):
+def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny_repo, tmp_path, how):
     """SIGTERM to the process DVC started: passed on, the child checkpoints and exits 75, and so does
     the process. SIGKILL, which nothing can pass on (`dvc queue stop --kill`): the server sees the
     process go and sends its child SIGTERM, as a ddp launcher's death does to its workers. Either way
     the server ends with its command and leaves no process behind. The server itself killed outright
-    (the OOM killer): its child gets SIGTERM too, and the served process says the server is gone."""
+    (the OOM killer): its child gets SIGTERM too, and the served process says the server is gone.
+    All of it while the server imports torch._dynamo (server.LATER), held there until the child has
+    ended: the import does not keep the server from its processes."""
     set_params(tiny_repo, {"train": {"epochs": 3}})
     run(["fasttrain", "download"], tiny_repo)
-    pid_file = tiny_repo / "client.pid"
+    pid_file, imported_file = tiny_repo / "client.pid", tmp_path / "imported"
     with epoch_gate() as (env, gate):
+        env = {**env, "FASTTRAIN_TEST_HOLD_IMPORT": f"torch._dynamo:{imported_file}"}
         script = f"{_script([COMMANDS[1]])} & echo $! > {pid_file}; wait $!"
         serve = subprocess.Popen([BIN / "fasttrain", "serve", "--", "sh", "-c", script], cwd=tiny_repo,
                                  env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **env},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        conn, _ = gate.accept()
-        with conn:
-            child = int(conn.recv(100).decode().split()[1])  # the training process: the server's child
-            client = int(pid_file.read_text())
-            assert child != client and _parent(child) == serve.pid
-            if how == "SIGKILL to the server":
-                os.kill(serve.pid, signal.SIGKILL)
-            else:
-                os.kill(client, signal.Signals[how])
+        try:
+            conn, _ = gate.accept()
+            with conn:
+                child = int(conn.recv(100).decode().split()[1])  # the training process: the server's child
+                client = int(pid_file.read_text())
+                assert child != client and _parent(child) == serve.pid
+                _wait_for(lambda: Path(f"{imported_file}.held").exists())  # the server is importing
+                if how == "SIGKILL to the server":
+                    os.kill(serve.pid, signal.SIGKILL)
+                else:
+                    os.kill(client, signal.Signals[how])
+            _wait_for(lambda: not alive(child))  # the child, stopped or (wrongly) trained to the end
+        finally:
+            imported_file.touch()  # the server's import goes on
         if how == "SIGKILL to the server":
             serve.wait(timeout=60)
-            deadline = time.monotonic() + 120  # the child, no one's now, checkpoints and ends
-            while _alive(child) and time.monotonic() < deadline:
-                time.sleep(0.1)
             out, err = serve.communicate(timeout=120)  # (its output: the pipes close with the last writer)
             assert "fasttrain: error: the server ended before the command it ran did" in err, err
         else:
             out, err = serve.communicate(timeout=120)
             assert serve.returncode == (75 if how == "SIGTERM" else 128 + signal.SIGKILL), err
     assert "stopped by SIGTERM" in err and checkpoint_file(tiny_repo, "single-fp32").is_file()
-    assert not _alive(child)
 
 
-def _alive(pid: int) -> bool:
-    """Running, not ended (a zombie nobody has reaped yet counts as ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+def _wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "waited 120 s"
+        time.sleep(0.05)
 
 
 def _parent(pid: int) -> int:

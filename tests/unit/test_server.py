@@ -144,3 +144,23 @@ def test_a_gpu_that_a_forked_process_cannot_use_makes_every_process_run_by_itsel
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch, "ones", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error")))
     assert server._cuda_in_a_child() == "a process forked from the server could not use the GPU"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_the_parent_death_signal_is_one_sigterm_however_often_it_comes():
+    """Linux sends the parent-death signal once more for every thread of the dead parent that had
+    taken the process over (a server that was importing in a thread); a second SIGTERM would end a
+    training without its checkpoint. In a process of its own: the setting outlives the call."""
+    code = """if True:
+        import ctypes, os, signal
+        from fasttrain import server
+        got = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+        server.die_with_parent(os.getppid())
+        setting = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(setting))  # PR_GET_PDEATHSIG
+        for _ in range(3):
+            os.kill(os.getpid(), setting.value)
+        print(setting.value, len(got))"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == [str(server.PARENT_DIED), "1"]

@@ -12,6 +12,9 @@ command's environment asks for one of them, so the product's training loop carri
   FASTTRAIN_FAULT_SIGNAL_AT="<SIGNAL>:<rank>:<epoch>:<step>" makes that rank send the signal, just
   before that step, to the process a scheduler would signal: the launcher under `fasttrain train
   --parallel ddp`, else itself.
+- A held import (test_serve.py): FASTTRAIN_TEST_HOLD_IMPORT="<module>:<file>" makes `fasttrain serve`
+  itself (not the processes it serves) wait, when it imports that module, until <file> exists; it
+  writes "<file>.held" when it starts waiting, so "while the server imports" is an event too.
 
 The wraps are applied when fasttrain.train is imported: other Python processes (dvc, celery) are
 left alone and pay no torch import.
@@ -29,6 +32,7 @@ import time
 SOCKET = os.environ.get("FASTTRAIN_TEST_EPOCH_SOCKET")
 KILL_AT = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
 SIGNAL_AT = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
+HOLD_IMPORT = os.environ.get("FASTTRAIN_TEST_HOLD_IMPORT")
 
 
 def _gate(module) -> None:
@@ -114,3 +118,23 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if SOCKET or KILL_AT or SIGNAL_AT:
     sys.meta_path.insert(0, _Finder())
+
+
+class _Hold(importlib.abc.MetaPathFinder):
+    def __init__(self, module: str, file: str):
+        self.module, self.file = module, file
+
+    def find_spec(self, name, path, target=None):
+        if name != self.module or sys.argv[1:2] != ["serve"]:  # (a served child has its own argv)
+            return None
+        sys.meta_path.remove(self)
+        with open(f"{self.file}.held", "w"):
+            pass
+        deadline = time.monotonic() + 300  # a test that died must not leave the server held for ever
+        while not os.path.exists(self.file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None  # the import goes on as it would have
+
+
+if HOLD_IMPORT:
+    sys.meta_path.insert(0, _Hold(*HOLD_IMPORT.split(":", 1)))
