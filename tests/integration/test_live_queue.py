@@ -12,11 +12,12 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from scratch import BIN, checkpoint_file, epoch_gate, resuming_from, run, set_params
+from scratch import BIN, alive, checkpoint_file, epoch_gate, resuming_from, run, set_params
 
 from fasttrain import checkpoint
 
@@ -113,6 +114,26 @@ def queue_start(repo, env: dict, log_name: str) -> None:
                        check=True, timeout=120)
 
 
+def wait_for_the_workers_to_end(repo, timeout: float = 120) -> None:
+    """A queue's worker ends once its queue has stayed empty for 10 s (dvc_task's TemporaryWorker
+    looks every 10 s). A task queued about then can be left reported Running for ever, with no
+    worker to run it: `dvc queue start` starts none while the old one is still there. So a test
+    that queues again waits for the worker to end first."""
+    for pid_file in (repo / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.pid"):
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + timeout
+        while _a_queue_worker(pid):
+            assert time.monotonic() < deadline, f"the queue's worker {pid} still runs after {timeout:.0f} s"
+            time.sleep(0.5)
+
+
+def _a_queue_worker(pid: int) -> bool:
+    try:
+        return alive(pid) and b"queue-worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it has just ended
+        return False
+
+
 def task_status(repo, name: str, env: dict, timeout: float = 300) -> str:
     """The queued experiment's status once it has ended. `dvc queue logs -f` is no wait for that: it
     can return while the queue still records the task as running, and it refuses a task that no
@@ -154,6 +175,7 @@ def test_a_preempted_queued_experiment_queued_again_resumes_from_its_checkpoint(
         saved = checkpoint_file(tiny_repo, "single-fp32")
         assert checkpoint.load(saved)["state"]["epoch"] == 1  # in the repository, not the gone workspace
 
+        wait_for_the_workers_to_end(tiny_repo)
         run(["dvc", "exp", "run", "--queue", "-n", "again", "train@single-fp32-0"], tiny_repo, env=GIT_ENV)
         queue_start(tiny_repo, GIT_ENV, "queue-again.log")
         status = task_status(tiny_repo, "again", GIT_ENV, timeout=600)  # (logs -f refuses a task not yet started)
