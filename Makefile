@@ -9,8 +9,11 @@ export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # torch.compile's cache (train.compile, the fast recipe): in the user's cache, beside fasttrain's bytecode,
 # so it outlives reboots, /tmp cleaners and a DVC experiment's temporary workspace, and a new clone or
 # repository finds the graphs an earlier one compiled. A cold cache costs the fast recipe about 35 s more
-# compile on an H200 (docs/fast-recipe.md). Set the variable to move it.
-export TORCHINDUCTOR_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fasttrain/torchinductor
+# compile on an H200 (docs/fast-recipe.md). Set the variable to move it. The folder's rule has one home,
+# layout.user_cache (standard library only, read as VARIANTS is below).
+ifndef TORCHINDUCTOR_CACHE_DIR
+export TORCHINDUCTOR_CACHE_DIR := $(shell $(PYTHON) -c 'import runpy; print(runpy.run_path("src/fasttrain/layout.py")["user_cache"]("torchinductor"))')
+endif
 
 # The variant names, read from their one home, src/fasttrain/layout.py (standard library only, so any
 # python3 reads it before `make setup`).
