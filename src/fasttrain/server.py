@@ -361,8 +361,8 @@ def _preload(modules: tuple[str, ...]) -> str | None:
 
 
 def _import_in_thread(name: str, why: list[str | None], wake: int) -> None:
-    """`_import(name)` in the serving loop's thread: appends why it failed (None: it did not) and
-    wakes the loop."""
+    """`_import(name)`, in a thread beside the serving loop: appends why it failed (None: it did not)
+    to `why`, then wakes the loop through its pipe."""
     why.append(_import(name))
     with contextlib.suppress(BlockingIOError):
         os.write(wake, b"\0")
