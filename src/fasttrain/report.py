@@ -5,10 +5,12 @@ figures in metrics/train/, the rest in diagnostics/train/."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import resource
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,28 +53,71 @@ def open_tensorboard(run: Run, resumed_elsewhere: bool) -> GuardedWriter:
     elif not resumed_elsewhere and not folder.exists() and saved.kept_tensorboard(run).is_dir():
         # dvc repro deleted the stage's outputs before resuming it: the run's curves up to its checkpoint
         shutil.copytree(saved.kept_tensorboard(run), folder)
-    # a resumed run drops the steps after its checkpoint (global_step is the last one it keeps)
-    with atomic.disk_errors(folder, TENSORBOARD):
+    _take_writer_thread_errors()  # before the writer starts its thread, which may meet a full disk at once
+    with tensorboard_call(folder):
         # by its absolute path: its writer thread opens the file afresh for every write, also while
-        # warm-up and evaluation run in another folder (kernel_folder)
-        return GuardedWriter(SummaryWriter(
-            str(folder.absolute()), purge_step=run.state.global_step + 1 if run.state.global_step else None), folder)
+        # warm-up and evaluation run in another folder (kernel_folder); a resumed run drops the steps
+        # after its checkpoint (global_step is the last one it keeps)
+        writer = SummaryWriter(str(folder.absolute()),
+                               purge_step=run.state.global_step + 1 if run.state.global_step else None)
+    return GuardedWriter(writer, folder)
 
 
 class GuardedWriter:
-    """TensorBoard's SummaryWriter, whose full disk or refused permission (its writer thread's
-    OSError, raised again by the next call) ends as atomic.DiskError's one line."""
+    """TensorBoard's SummaryWriter, whose full disk or refused permission ends as atomic.DiskError's
+    one line (tensorboard_call), close() and add_hparams (whose own writer is closed inside) included."""
 
     def __init__(self, writer, folder: Path):
+        _take_writer_thread_errors()
         self._writer, self._folder = writer, folder
 
     def __getattr__(self, name):
         method = getattr(self._writer, name)
 
         def guarded(*args, **kwargs):
-            with atomic.disk_errors(self._folder, TENSORBOARD):
+            with tensorboard_call(self._folder):
                 return method(*args, **kwargs)
         return guarded
+
+
+# TensorBoard's writer thread keeps its OSError (a full disk) for the writer's next call, which raises
+# it, but not for close(), which drops it; and the thread raises it too, where threading prints a
+# traceback. The hook below takes the thread's OSError instead, and tensorboard_call raises it.
+writer_errors: list[OSError] = []  # the writer threads' OSErrors that no call has raised yet
+_raised: list[OSError] = []  # those a call raised before the hook had them
+
+
+@contextlib.contextmanager
+def tensorboard_call(folder: Path):
+    """A call to TensorBoard's writer: a full disk or refused permission, its own or its writer
+    threads' since the last call (writer_errors), ends as atomic.DiskError's one line."""
+    with atomic.disk_errors(folder, TENSORBOARD):
+        try:
+            yield
+        except OSError as e:  # TensorBoard raised its thread's error itself: the hook's copy goes
+            _raised.append(e)
+            writer_errors[:] = [x for x in writer_errors if x is not e]
+            raise
+        if writer_errors:
+            raise writer_errors.pop(0)
+
+
+def _take_writer_thread_errors() -> None:
+    """threading.excepthook, wrapped once: an OSError ending one of TensorBoard's writer threads goes
+    to writer_errors, with no traceback; any other thread's exception to the hook it wraps."""
+    previous = threading.excepthook
+    if getattr(previous, "takes_writer_thread_errors", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            if not any(args.exc_value is e for e in _raised):
+                writer_errors.append(args.exc_value)
+        else:
+            previous(args)
+
+    hook.takes_writer_thread_errors = True
+    threading.excepthook = hook
 
 
 def write_step_scalars(run: Run, summary: dict) -> None:
@@ -101,7 +146,7 @@ def log_epoch(run: Run, record: EpochRecord) -> None:
         run.writer.add_scalar("epoch/test_accuracy", record.test_accuracy, record.epoch)
         run.writer.add_scalar("epoch/seconds", record.seconds, record.epoch)
         run.writer.add_scalar("epoch/images_per_second", record.images_per_second, record.epoch)
-        run.writer.flush()  # its writer thread's error (a full disk) is raised here, or lost at close()
+        run.writer.flush()  # its writer thread's error (a full disk) is raised here (GuardedWriter)
 
 
 def write_progress(run: Run) -> None:

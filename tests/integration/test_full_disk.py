@@ -141,14 +141,82 @@ def test_a_training_checkpoint(tmp_path, monkeypatch):
 
 
 def test_tensorboard(tmp_path, monkeypatch):
+    """TensorBoard's writer thread meets the full disk: the run ends with the one line, and the
+    thread's own error reaches no traceback (threading.excepthook)."""
     layout = Layout(tmp_path.resolve())
     save_dataset(make_synthetic(64, 10, 32, 0), layout.dataset)
     folder = layout.tensorboard("single-fp32")
     fill_disk_for(monkeypatch, folder)  # any file in it
+    printed = _threads_tracebacks(monkeypatch)
     with pytest.raises(DiskError) as e:
         _train(layout)
     one_line(e.value, "the TensorBoard log", folder)
     assert temporaries(tmp_path) == []
+    _join_writer_threads()
+    assert printed == []
+
+
+def test_tensorboard_after_the_last_scalars(tmp_path, monkeypatch):
+    """The disk fills after the last scalars went in: the writer thread meets it while the scalars are
+    written or at close(), where TensorBoard itself drops the thread's error; the writer raises it,
+    as the one line, and no traceback is printed."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from fasttrain import report
+
+    printed = _threads_tracebacks(monkeypatch)
+    folder = tmp_path / "tensorboard"
+    writer = report.GuardedWriter(SummaryWriter(str(folder)), folder)
+    writer.add_scalar("epoch/train_loss", 1.0, 1)
+    writer.flush()
+    fill_disk_for(monkeypatch, folder)  # from here on
+    with pytest.raises(DiskError) as e:
+        writer.add_text("note", "x" * 200, 2)  # queued, longer than the disk's room: the thread writes it
+        writer.close()
+    one_line(e.value, "the TensorBoard log", folder)
+    _join_writer_threads()
+    assert printed == []
+
+
+def test_a_writer_threads_error_is_raised_by_close_too(tmp_path, monkeypatch):
+    """Whichever call comes after the thread's error raises it, close() included (TensorBoard's own
+    close() does not): here a thread of TensorBoard's writer-thread class fails before close()."""
+    import threading
+
+    from fasttrain import report
+
+    printed = _threads_tracebacks(monkeypatch)
+
+    class _AsyncWriterThread(threading.Thread):  # (the class name the hook knows TensorBoard's by)
+        def run(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    closed = []
+    writer = report.GuardedWriter(type("Writer", (), {"close": lambda self: closed.append(1)})(), tmp_path)
+    thread = _AsyncWriterThread()
+    thread.start()
+    thread.join()
+    with pytest.raises(DiskError) as e:
+        writer.close()
+    one_line(e.value, "the TensorBoard log", tmp_path)
+    assert closed == [1] and printed == [] and report.writer_errors == []
+
+
+def _threads_tracebacks(monkeypatch) -> list:
+    """What reaches threading.excepthook from here on (where a thread's exception would be printed)."""
+    import threading
+
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    return printed
+
+
+def _join_writer_threads() -> None:
+    import threading
+
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_AsyncWriterThread":
+            thread.join(timeout=30)
 
 
 def _mount_tmpfs(where: Path, size_bytes: int) -> str | None:
