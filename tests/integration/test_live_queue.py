@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from scratch import BIN, alive, checkpoint_file, epoch_gate, resuming_from, run, set_params
+from scratch import BIN, alive, checkpoint_file, epoch_gate, resuming_from, run, set_params, wait_until
 
 from fasttrain import checkpoint
 
@@ -121,10 +121,7 @@ def wait_for_the_workers_to_end(repo, timeout: float = 120) -> None:
     that queues again waits for the worker to end first."""
     for pid_file in (repo / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.pid"):
         pid = int(pid_file.read_text())
-        deadline = time.monotonic() + timeout
-        while _a_queue_worker(pid):
-            assert time.monotonic() < deadline, f"the queue's worker {pid} still runs after {timeout:.0f} s"
-            time.sleep(0.5)
+        wait_until(lambda: not _a_queue_worker(pid), f"the queue's worker {pid} to end", timeout, every=0.5)
 
 
 def _a_queue_worker(pid: int) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratch import BIN, REPO, alive, checkpoint_file, copy_repo, epoch_gate, run, set_params, TINY
+from scratch import BIN, REPO, alive, checkpoint_file, copy_repo, epoch_gate, run, set_params, TINY, wait_until
 from test_imports import PROBE, imported
 
 pytestmark = pytest.mark.slow
@@ -138,12 +138,12 @@ def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny
                 child = int(conn.recv(100).decode().split()[1])  # the training process: the server's child
                 client = int(pid_file.read_text())
                 assert child != client and _parent(child) == serve.pid
-                _wait_for(lambda: Path(f"{imported_file}.held").exists())  # the server is importing
+                wait_until(lambda: Path(f"{imported_file}.held").exists(), "the server to import")
                 if how == "SIGKILL to the server":
                     os.kill(serve.pid, signal.SIGKILL)
                 else:
                     os.kill(client, signal.Signals[how])
-            _wait_for(lambda: not alive(child))  # the child, stopped or (wrongly) trained to the end
+            wait_until(lambda: not alive(child), "the child to end")  # stopped, or (wrongly) trained to the end
         finally:
             imported_file.touch()  # the server's import goes on
         if how == "SIGKILL to the server":
@@ -154,13 +154,6 @@ def test_a_signal_to_the_served_process_reaches_its_child_which_checkpoints(tiny
             out, err = serve.communicate(timeout=120)
             assert serve.returncode == (75 if how == "SIGTERM" else 128 + signal.SIGKILL), err
     assert "stopped by SIGTERM" in err and checkpoint_file(tiny_repo, "single-fp32").is_file()
-
-
-def _wait_for(condition, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "waited 120 s"
-        time.sleep(0.05)
 
 
 def _parent(pid: int) -> int:
