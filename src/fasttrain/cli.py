@@ -85,7 +85,8 @@ def run() -> None:
 
     Under `fasttrain serve` ($FASTTRAIN_SERVER set) the command runs in a child of the server, already
     imported, and this process only relays it (server.forward); in that child, `serve` raises Forked
-    out of its loop and the command runs here."""
+    out of its loop and the command runs here. Its exit status reaches the served process once the
+    last atexit handler has run, ahead of the teardown (server.finished, server._report_done)."""
     status = server.forward(sys.argv[1:])
     if status is not None:
         server.exit_with(status)
@@ -96,7 +97,12 @@ def run() -> None:
             return
         except server.Forked as child:  # this process is the served command from here on
             argv = child.argv
-        main(argv)
+        try:
+            main(argv)
+        except SystemExit as e:
+            server.finished(e.code)
+            raise
+        server.finished(0)
     finally:
         gc.freeze()
 

@@ -143,6 +143,41 @@ def acquire(count: int = 1, timeout: float | None = None, stream: TextIO | None 
 
 
 _held: Lease | None = None
+CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20  # <cuda.h>; its value CU_COMPUTEMODE_DEFAULT (0): many processes per GPU
+
+
+def release_for_exit() -> bool:
+    """Ahead of this process's exit, with its work done: gives back its lease, so that the next run
+    can start while this process's CUDA context is torn down. True when it may, and also where CUDA
+    never started; False, lease kept, where a GPU is in an exclusive compute mode (one context at a
+    time: the next run's would fail) or its mode cannot be read."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized() and not _gpus_shared():
+        return False
+    if _held is not None:
+        _held.release()
+    return True
+
+
+def _gpus_shared() -> bool:
+    """Every visible GPU is in the default compute mode (the CUDA driver's answer, read through ctypes:
+    torch does not expose it)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return False
+    for ordinal in range(count.value):
+        device, mode = ctypes.c_int(), ctypes.c_int()
+        if (cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(mode), CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, device) != 0
+                or mode.value != 0):
+            return False
+    return True
 
 
 def hold(count: int, stream: TextIO | None = None) -> Lease:

@@ -8,8 +8,10 @@ and, meanwhile, imports those modules once (torch._dynamo later, while no proces
 arguments, working folder, environment, umask and standard streams, and the server forks a child
 that is that command from there on: it parses the arguments, runs and exits as the process itself
 would have. The process waits for its child, passes on the signals it gets (Ctrl-C, SIGTERM's
-checkpoint) and exits with the child's status. The server ends with the command and returns its exit
-status.
+checkpoint) and exits with the child's status, as soon as the child's command has returned and its
+atexit handlers have run: the next stage need not wait for the child's teardown (on a GPU, its CUDA
+context's), which the server waits for instead. The server ends with the command and its children
+and returns the command's exit status.
 
 A process whose interpreter could differ from the server's runs by itself, as without a server,
 and says why in one line: another Python executable, sys.path or interpreter flags; an environment
@@ -23,6 +25,7 @@ Standard library only on the client's side (`forward`): a served process imports
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import gc
@@ -67,6 +70,9 @@ PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 PARENT_DIED = getattr(signal, "SIGRTMIN", 34) + 1  # the parent-death signal (die_with_parent): one no one else sends
 LAUNCHER_PID = "FASTTRAIN_LAUNCHER_PID"  # set by the ddp launcher (parallel.launch) for its workers
 _served = False  # this process is a server's child
+_report_fd: int | None = None  # in a server's child: the pipe on which it tells the server it is done
+_status: int | None = None  # in a server's child: the exit status of its command, once that has returned
+_registered = False  # _report_done is an atexit handler of this process
 
 
 class Forked(BaseException):
@@ -82,6 +88,40 @@ def served() -> bool:
     """This process is a server's child: its parent is the server, the process it serves is the
     one that started it (parallel.die_with_launcher asks)."""
     return _served
+
+
+def finished(code: object) -> None:
+    """In a server's child: its command has returned, and the process exits with `code` (as sys.exit
+    takes it; one that Python would print, a string, is left to the exit itself)."""
+    global _status
+    if _served and (code is None or isinstance(code, int)):
+        _status = (code or 0) & 0xFF
+
+
+def _report_done() -> None:
+    """A server's child, done: its last atexit handler (`serve` registers it before its imports, so it
+    runs after every other one, those of the command included) tells the server the command's exit
+    status, and the server gives it to the served process at once, which exits with it while this
+    process is torn down: the interpreter's teardown and, on a GPU, the CUDA context's, 0.4 s after
+    the last atexit handler on an H100 host. The output is flushed first and the GPU lease given back
+    (lease.release_for_exit), so the next stage finds the GPU free. Nothing is said where the command
+    did not return a status (an exception of its own: the exit prints it) or the GPUs may not take a
+    second process while this one holds its context; then the server reports the exit as it comes."""
+    global _report_fd
+    if not _served or _status is None or _report_fd is None:
+        return
+    lease = sys.modules.get("fasttrain.lease")
+    if lease is not None and not lease.release_for_exit():
+        return
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except (OSError, ValueError):  # (the exit reports what a failed flush makes of the status)
+        return
+    with contextlib.suppress(OSError):
+        os.write(_report_fd, f"{os.getpid()} {_status}\n".encode())
+        os.close(_report_fd)
+    _report_fd = None
 
 
 def die_with_parent(parent: int) -> None:
@@ -278,6 +318,12 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[s
     os.set_blocking(wake_read, False)
     previous_wakeup = signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the loop (set_wakeup_fd)
+    report_read, report_write = os.pipe()  # children say here that they are done (_report_done)
+    os.set_blocking(report_read, False)
+    global _registered
+    if not _registered:  # before the imports: the children's last atexit handler
+        atexit.register(_report_done)
+        _registered = True
     imported, environ = time.time_ns(), dict(os.environ)
     refused_all = _preload(preload)
     sources = _sources(since_ns=imported)
@@ -286,37 +332,56 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[s
     gc.freeze()  # the children's collections leave the imported objects alone: their pages stay shared
     server = os.getpid()
     children: dict[int, socket.socket] = {}  # pid -> the connection of the process it serves
+    finishing: dict[int, int] = {}  # pid -> the status it reported: its process has it, it exits
+    reports = bytearray()  # what the report pipe gave so far ("<pid> <status>\n" each)
+    pipes = (wake_read, wake_write, report_read, report_write)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
+    selector.register(report_read, selectors.EVENT_READ)
 
     importing: threading.Thread | None = None  # importing the next of `later` while the loop serves on
     imported_why: list[str | None] = []
 
-    while proc.poll() is None or children:
+    while proc.poll() is None or children or finishing:
         events = selector.select(timeout=0 if later and importing is None else 1.0)
         for key, _ in events:
             if key.fileobj is listener and proc.poll() is None:
                 conn, _ = listener.accept()
-                pid = _fork_for(conn, imports, listener, selector, children, (wake_read, wake_write))
+                pid = _fork_for(conn, imports, listener, selector, children, pipes)
                 if pid is not None:
                     selector.register(conn, selectors.EVENT_READ)
                     children[pid] = conn
             elif key.fileobj is wake_read:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_read, 4096)
+            elif key.fileobj is report_read:
+                with contextlib.suppress(BlockingIOError):
+                    reports += os.read(report_read, 4096)
+                *lines, rest = reports.split(b"\n")
+                reports = bytearray(rest)
+                for line in lines:
+                    pid, status = map(int, line.split())
+                    if pid in children:  # (not yet reaped)
+                        conn = children.pop(pid)
+                        _answer(conn, status, selector)
+                        finishing[pid] = status
             elif key.fileobj is not listener:  # a served process ended or was killed: end its child
-                pid = next(p for p, c in children.items() if c is key.fileobj)
-                selector.unregister(key.fileobj)
-                _pass_on(pid, signal.SIGTERM)
+                pid = next((p for p, c in children.items() if c is key.fileobj), None)
+                if pid is not None:  # (None: answered in this round already)
+                    selector.unregister(key.fileobj)
+                    _pass_on(pid, signal.SIGTERM)
+        for pid, status in list(finishing.items()):
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                del finishing[pid]
+                if os.waitstatus_to_exitcode(wait_status) != status:
+                    print(f"fasttrain: warning: process {pid} had finished its command with exit status {status}, "
+                          f"then its exit ended it {_how(os.waitstatus_to_exitcode(wait_status))}", file=sys.stderr)
         for pid, conn in list(children.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                with contextlib.suppress(OSError):
-                    _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
-                with contextlib.suppress(KeyError, ValueError):
-                    selector.unregister(conn)
-                conn.close()
+                _answer(conn, os.waitstatus_to_exitcode(status), selector)
                 del children[pid]
         if importing is not None and not importing.is_alive():  # imported: forks again, from here
             importing.join()
@@ -345,11 +410,28 @@ def serve(command: list[str], preload: tuple[str, ...] = PRELOAD, later: tuple[s
     signal.set_wakeup_fd(previous_wakeup)
     for s, handler in previous.items():
         signal.signal(s, handler)
-    os.close(wake_read)
-    os.close(wake_write)
+    for fd in pipes:
+        os.close(fd)
     selector.close()
     shutil.rmtree(folder, ignore_errors=True)
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _answer(conn: socket.socket, status: int, selector) -> None:
+    """The served process's answer, its exit status, and the end of its connection."""
+    with contextlib.suppress(OSError):
+        _send(conn, {"exit": status})
+    with contextlib.suppress(KeyError, ValueError):
+        selector.unregister(conn)
+    conn.close()
+
+
+def _how(status: int) -> str:
+    if status >= 0:
+        return f"with exit status {status}"
+    with contextlib.suppress(ValueError):
+        return f"by signal {signal.Signals(-status).name}"
+    return f"by signal {-status}"
 
 
 def _preload(modules: tuple[str, ...]) -> str | None:
@@ -430,7 +512,7 @@ class _Imports:
     added: dict[str, str]
 
 
-def _fork_for(conn, imports: _Imports, listener, selector, children, wake) -> int | None:
+def _fork_for(conn, imports: _Imports, listener, selector, children, pipes) -> int | None:
     """Reads a request from `conn` and forks its child: the child's pid, or None (refused, or the
     process went away). In the child: raises Forked, the server's resources closed."""
     conn.settimeout(10.0)
@@ -455,7 +537,7 @@ def _fork_for(conn, imports: _Imports, listener, selector, children, wake) -> in
         stream.flush()
     pid = os.fork()
     if pid == 0:
-        _become(request, imports.added, fds, [listener, conn, *children.values()], selector, wake)
+        _become(request, imports.added, fds, [listener, conn, *children.values()], selector, pipes)
         raise Forked(request["argv"][1:])
     for fd in fds:
         os.close(fd)
@@ -468,10 +550,10 @@ def _fork_for(conn, imports: _Imports, listener, selector, children, wake) -> in
 
 
 def _become(request: dict, added: dict[str, str], fds: list[int], sockets: list[socket.socket], selector,
-            wake: tuple[int, int]) -> None:
+            pipes: tuple[int, int, int, int]) -> None:
     """In the child: leave the server behind and take the served process's place (streams, folder,
     environment, umask, arguments, clock), as that process would have been after its own imports."""
-    global _served
+    global _served, _report_fd
     _served = True
     signal.set_wakeup_fd(-1)
     for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
@@ -480,8 +562,10 @@ def _become(request: dict, added: dict[str, str], fds: list[int], sockets: list[
     selector.close()
     for sock in sockets:
         sock.close()
-    for fd in wake:
+    wake_read, wake_write, report_read, report_write = pipes
+    for fd in (wake_read, wake_write, report_read):
         os.close(fd)
+    _report_fd = report_write  # (_report_done)
     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the served process, which passes it on: once
     die_with_parent(os.getppid())  # a server killed outright (the OOM killer) takes its children along
     for target, fd in enumerate(fds):

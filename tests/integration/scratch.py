@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOOKS = Path(__file__).parent / "hooks"  # the test hooks: the epoch gate, faults at a step (hooks/sitecustomize.py)
 HOOK_VARIABLES = ("FASTTRAIN_TEST_EPOCH_SOCKET", "FASTTRAIN_FAULT_KILL_RANK_AT", "FASTTRAIN_FAULT_SIGNAL_AT",
-                  "FASTTRAIN_TEST_HOLD_IMPORT")
+                  "FASTTRAIN_TEST_HOLD_IMPORT", "FASTTRAIN_TEST_SLOW_EXIT")
 
 
 def tracked_files() -> list[str]:

@@ -162,3 +162,50 @@ def test_dp_asking_for_more_gpus_than_visible_fails_in_one_line(gpus):
                                             r"set train.nproc to at most 3 or null$"):
         parallel.setup("dp", "auto", nproc=4)
     assert lease.try_acquire(3, lease.gpu_ids()) is not None  # nothing was leased
+
+
+def test_a_process_done_gives_its_lease_back_before_its_exit_where_the_gpus_take_another(gpus, monkeypatch):
+    """server._report_done asks, so that the next stage finds the GPU free while this process's CUDA
+    context is torn down; where a GPU takes one context at a time, the lease stays until the exit."""
+    lease.hold(1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(lease, "_gpus_shared", lambda: False)
+    assert not lease.release_for_exit()
+    assert lease.acquire(1, timeout=0).indices == [1]  # GPU 0 still held
+    monkeypatch.setattr(lease, "_gpus_shared", lambda: True)
+    assert lease.release_for_exit()
+    assert lease.acquire(1, timeout=0).indices == [0]
+
+
+class _FakeDriver:
+    """libcuda's three calls that _gpus_shared makes, over GPUs in the given compute modes."""
+
+    def __init__(self, modes):
+        self.modes = modes
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = len(self.modes)
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetAttribute(self, value, attribute, device):
+        assert attribute == lease.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE
+        value._obj.value = self.modes[device.value]
+        return 0
+
+
+@pytest.mark.parametrize("modes, shared", [([0], True), ([0, 0], True), ([0, 3], False), ([1], False), (None, False)],
+                         ids=["default", "two default", "one exclusive-process", "exclusive-thread", "no driver"])
+def test_gpus_are_shared_only_where_every_one_is_in_the_default_compute_mode(monkeypatch, modes, shared):
+    import ctypes
+
+    def cdll(name):
+        if modes is None:
+            raise OSError(f"{name}: cannot open shared object file")
+        return _FakeDriver(modes)
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    assert lease._gpus_shared() is shared

@@ -164,3 +164,34 @@ def test_the_parent_death_signal_is_one_sigterm_however_often_it_comes():
         print(setting.value, len(got))"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split() == [str(server.PARENT_DIED), "1"]
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (0, 0), (3, 3), (75, 75), (256, 0), (-1, 255), (True, 1),
+                                          ("a message", None)])
+def test_a_served_childs_status_is_its_exit_code_as_the_interpreter_makes_it(monkeypatch, code, status):
+    monkeypatch.setattr(server, "_served", True)
+    monkeypatch.setattr(server, "_status", None)
+    server.finished(code)
+    assert server._status == status
+
+
+def test_a_served_child_done_says_its_pid_and_status_once_and_only_where_it_may(monkeypatch):
+    """Its last atexit handler: one line on the server's report pipe; nothing in the server itself,
+    for a command that returned no status, or where the GPU lease must be kept to the exit."""
+    from fasttrain import lease
+
+    def said(served=True, status=0, lease_given=True) -> bytes:
+        read, write = os.pipe()
+        monkeypatch.setattr(server, "_served", served)
+        monkeypatch.setattr(server, "_status", status)
+        monkeypatch.setattr(server, "_report_fd", write)
+        monkeypatch.setattr(lease, "release_for_exit", lambda: lease_given)
+        server._report_done()
+        server._report_done()  # (once: the pipe is closed after the first)
+        if server._report_fd is not None:
+            os.close(write)
+        with os.fdopen(read, "rb") as f:
+            return f.read()
+
+    assert said(status=75) == f"{os.getpid()} 75\n".encode()
+    assert said(served=False) == said(status=None) == said(lease_given=False) == b""

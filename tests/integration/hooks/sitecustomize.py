@@ -15,11 +15,15 @@ command's environment asks for one of them, so the product's training loop carri
 - A held import (test_serve.py): FASTTRAIN_TEST_HOLD_IMPORT="<module>:<file>" makes `fasttrain serve`
   itself (not the processes it serves) wait, when it imports that module, until <file> exists; it
   writes "<file>.held" when it starts waiting, so "while the server imports" is an event too.
+- A slow exit (test_serve.py): FASTTRAIN_TEST_SLOW_EXIT="<seconds>:<file>[:<SIGNAL>]" makes a child
+  of `fasttrain serve` spend that long after it has said it is done (its atexit handlers run), as
+  a GPU process tearing down its CUDA context does; it then writes <file> (and ends by the signal).
 
 The wraps are applied when fasttrain.train is imported: other Python processes (dvc, celery) are
 left alone and pay no torch import.
 """
 
+import atexit
 import importlib.abc
 import importlib.util
 import itertools
@@ -33,6 +37,7 @@ SOCKET = os.environ.get("FASTTRAIN_TEST_EPOCH_SOCKET")
 KILL_AT = os.environ.get("FASTTRAIN_FAULT_KILL_RANK_AT")
 SIGNAL_AT = os.environ.get("FASTTRAIN_FAULT_SIGNAL_AT")
 HOLD_IMPORT = os.environ.get("FASTTRAIN_TEST_HOLD_IMPORT")
+SLOW_EXIT = os.environ.get("FASTTRAIN_TEST_SLOW_EXIT")
 
 
 def _gate(module) -> None:
@@ -138,3 +143,20 @@ class _Hold(importlib.abc.MetaPathFinder):
 
 if HOLD_IMPORT:
     sys.meta_path.insert(0, _Hold(*HOLD_IMPORT.split(":", 1)))
+
+
+def _slow_exit(seconds: str, file: str, *name: str) -> None:
+    """An atexit handler registered before `fasttrain serve` registers its own (server._report_done),
+    so it runs after it: in a process forked from this one (a served child) it waits, writes the file,
+    then takes the signal, if one is named."""
+    if os.getpid() != _imported_by:
+        time.sleep(float(seconds))
+        with open(file, "w"):
+            pass
+        if name:
+            os.kill(os.getpid(), signal.Signals[name[0]])
+
+
+_imported_by = os.getpid()
+if SLOW_EXIT:
+    atexit.register(_slow_exit, *SLOW_EXIT.split(":"))
