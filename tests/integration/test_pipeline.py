@@ -56,7 +56,9 @@ def test_make_demo_trains_evaluates_and_compares_all_variants_and_its_sequence_w
         assert sum(map(sum, ev["confusion_matrix"])) == 50
         confusion_rows = (demo / "plots" / "confusion" / "seed0" / f"{variant}.csv").read_text().splitlines()
         assert len(confusion_rows) == 1 + 50
-        assert (demo / "models" / "seed0" / f"{variant}.pt").is_file()
+        model = (demo / "models" / "seed0" / f"{variant}.pt").stat()
+        # on disk once: the workspace's model is the file in DVC's cache (.dvc/config, cache.type), read-only
+        assert model.st_nlink == 2 and not model.st_mode & 0o222, oct(model.st_mode)
         assert list((demo / "tensorboard" / "seed0" / variant).glob("events.out.tfevents.*"))
 
     # each row against its own train and eval metrics files (the arithmetic by hand: test_compare)
